@@ -1,0 +1,5 @@
+"""``python -m acp_bridge`` is the ``acp-bridge`` command."""
+
+from acp_bridge.cli import main
+
+main()

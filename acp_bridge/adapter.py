@@ -1,0 +1,191 @@
+"""The adapter interface: how a backend agent receives the client's system prompt.
+
+The relay owns the wire, the id tables and the session store. An adapter only says what
+it can deliver (:meth:`Adapter.delivery`) and what its agent needs at each lifecycle step,
+through the hooks below. Every hook gets a :class:`LifecycleCall`, may edit
+``call.params``, must call ``await call.forward()`` to let the request reach the agent
+(or answer without forwarding), and returns the :class:`Reply` the client should get.
+Until the hook returns, the client does not see the response: an adapter can finish its
+own work with the agent first (``call.link.request(...)``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
+from acp_bridge.system_prompt import SystemPrompt
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What an adapter can really deliver to its agent."""
+
+    append: bool = True
+    override: bool = False
+
+
+class AgentError(Exception):
+    """The agent answered a request with a JSON-RPC error."""
+
+    def __init__(self, error: JsonObject) -> None:
+        super().__init__(error.get("message", "agent error"))
+        self.error = error
+
+
+class AgentExited(Exception):
+    """The agent process is gone; ``status`` is its exit status when known."""
+
+    def __init__(self, status: int | None) -> None:
+        super().__init__(describe_exit(status))
+        self.status = status
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "The agent exited."
+    if status < 0:
+        return f"The agent was killed by signal {-status}."
+    return f"The agent exited with status {status}."
+
+
+class AgentLink(Protocol):
+    """One running agent process, as adapters see it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def initialize_result(self) -> JsonObject | None: ...
+
+    async def request(self, method: str, params: JsonObject) -> Any:
+        """Send a request of the bridge's own; return its result or raise AgentError/AgentExited."""
+
+    async def notify(self, method: str, params: JsonObject) -> None: ...
+
+
+@dataclass
+class Reply:
+    """The answer the client gets for an intercepted request.
+
+    ``frame_bytes`` is set while the reply is exactly what the agent sent, so the relay
+    can forward those bytes; :meth:`with_result` and :meth:`failure` make changed replies.
+    """
+
+    result: Any = None
+    error: JsonObject | None = None
+    frame_bytes: bytes | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def with_result(self, result: Any) -> Reply:
+        return Reply(result=result)
+
+    @classmethod
+    def failure(cls, code: int, message: str, data: Any = None) -> Reply:
+        error: JsonObject = {"code": code, "message": message}
+        if data is not None:
+            error["data"] = data
+        return cls(error=error)
+
+    @classmethod
+    def internal(cls, message: str, data: Any = None) -> Reply:
+        return cls.failure(INTERNAL_ERROR, message, data)
+
+
+class LifecycleCall(Protocol):
+    """A client request the relay intercepted, handed to an adapter hook."""
+
+    method: str
+    params: JsonObject
+    prompt: SystemPrompt | None
+    """The prompt the session runs with once this call succeeds (after the on_omitted policy)."""
+    previous: SystemPrompt | None
+    """What the session (for fork: the parent) was using before, from the store."""
+    session_id: str | None
+    """The session the request names (for fork: the parent)."""
+    client_sent_prompt: bool
+    """Whether the client put a systemPrompt on this request (False: filled by policy)."""
+    delivered: str | None
+    """Fingerprint of the prompt already delivered into this conversation (first-turn)."""
+    link: AgentLink
+
+    async def forward(self, link: AgentLink | None = None) -> Reply:
+        """Send the (possibly edited) request to the agent and wait for its response."""
+
+    def mark_delivered(self, fingerprint: str | None) -> None:
+        """Record which prompt is now part of the conversation (first-turn delivery)."""
+
+
+class AdapterContext(Protocol):
+    """What the relay lends an adapter."""
+
+    log: logging.Logger
+    primary: AgentLink
+
+    def live_sessions(self) -> set[str]:
+        """Sessions opened through this bridge and not closed since, in this agent process."""
+
+    async def spawn_agent(
+        self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
+    ) -> AgentLink:
+        """Start another process of the same agent, replaying the client's initialize."""
+
+    async def stop_agent(self, link: AgentLink) -> None: ...
+
+
+class Adapter:
+    """Base adapter: forwards everything unchanged. Subclasses override what they need."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def __init__(self, context: AdapterContext) -> None:
+        self.context = context
+        self.log = context.log.getChild(self.name or type(self).__name__)
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        """Whether this adapter fits an agent, judged from its initialize response."""
+        return False
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        """What can be delivered to this agent; ``None``: advertise and intercept nothing."""
+        return Delivery()
+
+    def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
+        """Change what the agent advertises beyond systemPrompt (e.g. a method it really has)."""
+        return initialize_result
+
+    def route(self, method: str, params: Any) -> AgentLink | None:
+        """Which agent process a non-intercepted client message goes to; None: the primary."""
+        return None
+
+    async def session_new(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_load(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_resume(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_fork(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_close(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_delete(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def session_prompt(self, call: LifecycleCall) -> Reply:
+        return await call.forward()
+
+    async def aclose(self) -> None:
+        """The connection is ending: release what the adapter holds."""

@@ -1,0 +1,94 @@
+"""Newline-delimited framing, sans-IO: bytes in, complete lines out, with a size limit.
+
+ACP v1 stdio carries one JSON-RPC message per ``\\n``-terminated line. Peers may send
+``\\r\\n``; the ``\\r`` is not part of the frame. A line longer than the limit is not
+buffered whole: the splitter drops its bytes as they arrive and reports it once, so a
+hostile peer cannot make the bridge hold more than ``limit`` bytes of one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# Base64 images and embedded files make real ACP lines large; 64 MiB holds any frame
+# an editor sends in practice while keeping a hard bound on memory per connection.
+DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Line:
+    """One complete frame, without its line terminator."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class OverlongLine:
+    """A line that exceeded the limit; ``size`` is how many bytes it had in all."""
+
+    size: int
+
+
+class LineSplitter:
+    """Split a byte stream into lines of at most ``limit`` bytes."""
+
+    def __init__(self, limit: int = DEFAULT_LINE_LIMIT) -> None:
+        if limit < 1:
+            raise ValueError("line limit must be positive")
+        self.limit = limit
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._discarding = False  # inside an over-long line, waiting for its end
+        self._discarded = 0
+
+    def feed(self, data: bytes) -> list[Line | OverlongLine]:
+        """Take more bytes; return every line they completed, in order."""
+        out: list[Line | OverlongLine] = []
+        start = 0
+        while True:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                self._keep(data[start:])
+                return out
+            self._keep(data[start:newline])
+            out.append(self._finish())
+            start = newline + 1
+
+    def close(self) -> list[Line | OverlongLine]:
+        """End of stream: a final line without a terminator still counts."""
+        if self._discarding or self._buffered:
+            return [self._finish()]
+        return []
+
+    @property
+    def buffered(self) -> int:
+        return self._buffered
+
+    def _keep(self, piece: bytes) -> None:
+        if not piece:
+            return
+        if self._discarding:
+            self._discarded += len(piece)
+            return
+        if self._buffered + len(piece) > self.limit:
+            self._discarding = True
+            self._discarded = self._buffered + len(piece)
+            self._chunks.clear()
+            self._buffered = 0
+            return
+        self._chunks.append(piece)
+        self._buffered += len(piece)
+
+    def _finish(self) -> Line | OverlongLine:
+        if self._discarding:
+            size = self._discarded
+            self._discarding = False
+            self._discarded = 0
+            return OverlongLine(size)
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if data.endswith(b"\r"):
+            data = data[:-1]
+        return Line(data)

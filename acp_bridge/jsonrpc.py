@@ -1,0 +1,146 @@
+"""JSON-RPC 2.0 envelopes, sans-IO: classify a line, build the few frames the bridge writes.
+
+A :class:`Frame` keeps the exact bytes it was read from. The relay forwards those bytes
+unless it has to change the message, and only then serialises it again (:func:`encode`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+RequestId: TypeAlias = "int | str | None"
+JsonObject: TypeAlias = "dict[str, Any]"
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+REQUEST_CANCELLED: Final = -32800
+
+CANCEL_REQUEST: Final = "$/cancel_request"
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+    BATCH = "batch"
+
+
+class FrameError(Exception):
+    """A line that is not a JSON-RPC message. ``code`` is the JSON-RPC error to answer with."""
+
+    def __init__(self, code: int, message: str, request_id: RequestId = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One JSON-RPC message (or v2 batch) with the bytes it arrived as."""
+
+    raw: bytes
+    message: Any  # dict for single messages, list for batches
+    kind: Kind
+
+    @property
+    def id(self) -> RequestId:
+        value: RequestId = self.message.get("id") if self.kind is not Kind.BATCH else None
+        return value
+
+    @property
+    def method(self) -> str | None:
+        if self.kind in (Kind.REQUEST, Kind.NOTIFICATION):
+            method: str = self.message["method"]
+            return method
+        return None
+
+    @property
+    def params(self) -> Any:
+        return self.message.get("params") if self.kind is not Kind.BATCH else None
+
+    def members(self) -> list[Frame]:
+        """The messages of a batch, each classified on its own (raw bytes re-encoded)."""
+        if self.kind is not Kind.BATCH:
+            return [self]
+        return [classify_message(item) for item in self.message]
+
+
+def _is_id(value: object) -> bool:
+    return value is None or isinstance(value, str) or (
+        isinstance(value, int) and not isinstance(value, bool)
+    )
+
+
+def classify_message(message: Any, raw: bytes | None = None) -> Frame:
+    """Classify an already-parsed message; raise :class:`FrameError` if it is not JSON-RPC."""
+    if raw is None:
+        raw = encode(message)
+    if isinstance(message, list):
+        if not message:
+            raise FrameError(INVALID_REQUEST, "An empty batch is not a valid request.")
+        return Frame(raw, message, Kind.BATCH)
+    if not isinstance(message, dict):
+        raise FrameError(INVALID_REQUEST, "A JSON-RPC message must be an object.")
+    request_id = message.get("id")
+    readable_id = request_id if _is_id(request_id) else None
+    method = message.get("method")
+    if method is not None:
+        if not isinstance(method, str):
+            raise FrameError(INVALID_REQUEST, "The method must be a string.", readable_id)
+        if "params" in message and not isinstance(message["params"], (dict, list)):
+            raise FrameError(INVALID_REQUEST, "The params must be an object or array.", readable_id)
+        if "id" not in message:
+            return Frame(raw, message, Kind.NOTIFICATION)
+        if not _is_id(request_id):
+            raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
+        return Frame(raw, message, Kind.REQUEST)
+    if "id" in message and ("result" in message or "error" in message):
+        if not _is_id(request_id):
+            raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
+        return Frame(raw, message, Kind.RESPONSE)
+    raise FrameError(INVALID_REQUEST, "The message is neither a request, notification nor response.",
+                     readable_id)
+
+
+def parse(raw: bytes) -> Frame:
+    """Parse one line. Raise :class:`FrameError` with the error code the peer should get."""
+    try:
+        message = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FrameError(PARSE_ERROR, f"The line is not valid JSON: {exc}.") from None
+    return classify_message(message, raw)
+
+
+def encode(message: Any) -> bytes:
+    """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_object(code: int, message: str, data: Any = None) -> JsonObject:
+    error: JsonObject = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return error
+
+
+def error_response(request_id: RequestId, code: int, message: str, data: Any = None) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "error": error_object(code, message, data)}
+
+
+def result_response(request_id: RequestId, result: Any) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def request(request_id: RequestId, method: str, params: Any) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+def notification(method: str, params: Any) -> JsonObject:
+    return {"jsonrpc": "2.0", "method": method, "params": params}

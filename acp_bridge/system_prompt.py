@@ -1,0 +1,124 @@
+"""The ``systemPrompt`` object of the draft ACP feature: its model and its validation.
+
+Validation follows the bridge specification's table (§5) and is answered by the bridge
+itself, so a rejected request never reaches the agent. Everything here is sans-IO.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+
+FIELD: Final = "systemPrompt"
+# Large enough for any hand-written persona or team instructions, small enough that a
+# prompt cannot crowd out the model's context or bloat the state database.
+DEFAULT_MAX_PROMPT_BYTES: Final = 256 * 1024
+LIFECYCLE_METHODS: Final = ("session/new", "session/load", "session/resume", "session/fork")
+
+Mode = Literal["append", "override"]
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class SystemPrompt(BaseModel):
+    """A validated client prompt. Extra keys (``_meta`` and future ones) are kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+    mode: Mode
+    content: tuple[TextBlock, ...]
+    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+    @property
+    def text(self) -> str:
+        """The delivered text: blocks in order, joined with a blank line, nothing trimmed."""
+        return "\n\n".join(block.text for block in self.content)
+
+    def fingerprint(self) -> str:
+        """Identifies what reaches the model: mode and text, not ``_meta``."""
+        digest = hashlib.sha256(f"{self.mode}\0{self.text}".encode())
+        return digest.hexdigest()[:32]
+
+    def to_wire(self) -> JsonObject:
+        wire: JsonObject = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return wire
+
+    @classmethod
+    def from_wire(cls, value: JsonObject) -> SystemPrompt:
+        return cls.model_validate(value)
+
+    @classmethod
+    def of_text(cls, mode: Mode, *texts: str) -> SystemPrompt:
+        return cls(mode=mode, content=tuple(TextBlock(type="text", text=t) for t in texts))
+
+
+@dataclass(frozen=True)
+class PromptRejected(Exception):
+    """A client ``systemPrompt`` the bridge refuses; becomes a ``-32602`` error response."""
+
+    message: str
+    field: str
+    code: int = INVALID_PARAMS
+
+    def error(self) -> JsonObject:
+        return {"code": self.code, "message": self.message, "data": {"field": self.field}}
+
+
+def parse_system_prompt(
+    value: object,
+    *,
+    override_allowed: bool,
+    max_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
+) -> SystemPrompt | None:
+    """Validate a ``systemPrompt`` value from request params; ``None`` means none was given."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise PromptRejected("The systemPrompt must be an object with mode and content.", FIELD)
+    mode = value.get("mode")
+    if not isinstance(mode, str):
+        raise PromptRejected("The systemPrompt mode must be a string.", f"{FIELD}.mode")
+    if mode not in ("append", "override"):
+        raise PromptRejected(f"The systemPrompt mode {mode!r} is not supported.", f"{FIELD}.mode")
+    if mode == "override" and not override_allowed:
+        raise PromptRejected(
+            "The systemPrompt mode 'override' is not supported by this agent.", f"{FIELD}.mode"
+        )
+    content = value.get("content")
+    if not isinstance(content, list):
+        raise PromptRejected("The systemPrompt content must be an array.", f"{FIELD}.content")
+    if not content:
+        raise PromptRejected("The systemPrompt content must not be empty.", f"{FIELD}.content")
+    total = 0
+    for index, block in enumerate(content):
+        where = f"{FIELD}.content[{index}]"
+        if not isinstance(block, dict):
+            raise PromptRejected("Each systemPrompt content block must be an object.", where)
+        if block.get("type") != "text":
+            raise PromptRejected(
+                f"Only text blocks are supported in systemPrompt content, not {block.get('type')!r}.",
+                f"{where}.type",
+            )
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise PromptRejected("A systemPrompt text block needs a string text.", f"{where}.text")
+        total += len(text.encode())
+    if total > max_bytes:
+        raise PromptRejected(
+            f"The systemPrompt text is {total} bytes, more than the limit of {max_bytes}.",
+            f"{FIELD}.content",
+        )
+    meta = value.get("_meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise PromptRejected("The systemPrompt _meta must be an object.", f"{FIELD}._meta")
+    return SystemPrompt.model_validate(value)
