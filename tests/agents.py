@@ -1,0 +1,271 @@
+"""Install the real ACP agents used by the end-to-end tests.
+
+Every agent is a pinned npm package.  Each one is installed once into its own
+directory of a cache that is shared between test runs and pytest workers:
+
+    <root>/<safe-name>@<version>/node_modules/...
+
+``<root>`` is ``$ACP_BRIDGE_AGENT_CACHE`` or ``~/.cache/acp-bridge/agents``.
+An install goes into a temporary directory next to the final one and is renamed
+into place when npm succeeds, under a file lock, so an interrupted or parallel
+install never leaves a half-filled directory behind.
+
+The agents are started directly (node + the package's entry point, or the
+platform binary) rather than through ``npx`` or the npm wrapper scripts: that
+saves the wrapper's start-up time, and killing the process kills the agent
+itself (codex-acp's node wrapper orphans the real binary on SIGTERM).
+
+``python tests/agents.py`` installs everything, prints the resolved commands and
+sends each agent an ``initialize`` request; CI runs it to pre-warm the cache.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+# @zed-industries/claude-agent-acp: the last release under the old name; reads
+# only `_meta.systemPrompt` (string, or {append}), bundles Claude Code 2.1.83.
+CLAUDE_LEGACY = ("@zed-industries/claude-agent-acp", "0.23.1")
+# Newest release that does not yet advertise `sessionCapabilities.systemPrompt`
+# (the spec field arrived in 0.92.0); forwards the whole `_meta.systemPrompt`
+# object to the SDK.
+CLAUDE_PRE_NATIVE = ("@agentclientprotocol/claude-agent-acp", "0.91.0")
+# Advertises `sessionCapabilities.systemPrompt` and handles it natively.
+CLAUDE_NATIVE = ("@agentclientprotocol/claude-agent-acp", "0.101.0")
+CLAUDE_VERSIONS = (CLAUDE_LEGACY, CLAUDE_PRE_NATIVE, CLAUDE_NATIVE)
+
+GOOSE_VERSION = "1.52.0"
+CODEX_ACP_VERSION = "0.16.0"
+
+INSTALL_TIMEOUT = 1800.0
+_MARKER = ".acp-bridge-installed"
+
+
+def cache_root() -> Path:
+    """Directory that holds one sub-directory per installed package version."""
+    configured = os.environ.get("ACP_BRIDGE_AGENT_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "acp-bridge" / "agents"
+
+
+def _safe_name(package: str) -> str:
+    return package.lstrip("@").replace("/", "+")
+
+
+def install_dir(package: str, version: str) -> Path:
+    return cache_root() / f"{_safe_name(package)}@{version}"
+
+
+def package_dir(package: str, version: str) -> Path:
+    """Where ``package`` lives inside its install directory."""
+    return install_dir(package, version) / "node_modules" / package
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def install(package: str, version: str) -> Path:
+    """Install ``package@version`` unless already cached; return its install directory."""
+    target = install_dir(package, version)
+    if (target / _MARKER).is_file():
+        return target
+    root = target.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{target.name}.lock"):
+        if (target / _MARKER).is_file():
+            return target
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError("npm is not on PATH; it is needed to install the test agents")
+        if target.exists():  # left over without a marker: not a finished install
+            shutil.rmtree(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+        try:
+            cmd = [
+                npm,
+                "install",
+                "--no-save",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(staging),
+                f"{package}@{version}",
+            ]
+            proc = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=INSTALL_TIMEOUT,
+                check=False,
+            )
+            if proc.returncode != 0:
+                output = (proc.stdout + proc.stderr)[-4000:]
+                raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}")
+            if not (staging / "node_modules" / package).is_dir():
+                raise RuntimeError(f"npm did not install {package}@{version}")
+            (staging / _MARKER).write_text(f"{package}@{version}\n")
+            staging.rename(target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _platform_suffix() -> str:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        arch = "x64"
+    elif machine in ("aarch64", "arm64"):
+        arch = "arm64"
+    else:
+        raise RuntimeError(f"no prebuilt agent binaries for machine {machine!r}")
+    return f"{sys.platform}-{arch}"
+
+
+def claude_agent_command(package: str, version: str) -> list[str]:
+    """Command that starts claude-agent-acp ``package@version`` speaking ACP on stdio."""
+    install(package, version)
+    entry = package_dir(package, version) / "dist" / "index.js"
+    if not entry.is_file():
+        raise RuntimeError(f"{entry} is missing")
+    return [shutil.which("node") or "node", str(entry)]
+
+
+def goose_binary(version: str = GOOSE_VERSION) -> Path:
+    """The goose CLI (run it as ``goose acp``); ``$GOOSE_BINARY`` overrides the install."""
+    override = os.environ.get("GOOSE_BINARY")
+    if override:
+        return Path(override)
+    package = f"@aaif/goose-binary-{_platform_suffix()}"
+    install(package, version)
+    return package_dir(package, version) / "bin" / "goose"
+
+
+def codex_acp_binary(version: str = CODEX_ACP_VERSION) -> Path:
+    """The native codex-acp binary (not the node wrapper of @zed-industries/codex-acp)."""
+    package = f"@zed-industries/codex-acp-{_platform_suffix()}"
+    install(package, version)
+    return package_dir(package, version) / "bin" / "codex-acp"
+
+
+def clean_agent_env(base: Mapping[str, str]) -> dict[str, str]:
+    """Copy of ``base`` fit for spawning agents.
+
+    claude-agent-acp 0.23.1 misbehaves with ``IS_SANDBOX=yes``; ``1`` works for
+    every version (and lets root use bypassPermissions).
+    """
+    env = dict(base)
+    env["IS_SANDBOX"] = "1"
+    return env
+
+
+def agent_commands() -> dict[str, list[str]]:
+    """Install every pinned agent; map a short name to its start command."""
+    commands = {
+        f"claude-agent-acp@{version}": claude_agent_command(package, version)
+        for package, version in CLAUDE_VERSIONS
+    }
+    commands[f"goose@{GOOSE_VERSION}"] = [str(goose_binary()), "acp"]
+    commands[f"codex-acp@{CODEX_ACP_VERSION}"] = [str(codex_acp_binary())]
+    return commands
+
+
+def install_all() -> dict[str, list[str]]:
+    return agent_commands()
+
+
+def probe_initialize(
+    command: Sequence[str], env: Mapping[str, str], timeout: float = 60.0
+) -> dict[str, Any]:
+    """Start an agent, send ``initialize``, return the response and kill the agent."""
+    request = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": 1, "clientCapabilities": {}},
+    }
+    proc = subprocess.Popen(
+        list(command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=dict(env),
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def kill() -> None:
+        # codex-acp ignores stdin EOF: end the whole process group.
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(timeout, kill)  # readline() itself cannot time out
+    watchdog.start()
+    try:
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        for line in proc.stdout:
+            message = json.loads(line)
+            if message.get("id") == 0:
+                return dict(message)
+        raise RuntimeError(f"{command[0]} gave no initialize response within {timeout} s")
+    finally:
+        watchdog.cancel()
+        kill()
+        proc.wait()
+
+
+def main(argv: Sequence[str]) -> int:
+    probe = "--no-probe" not in argv
+    print(f"agent cache: {cache_root()}", file=sys.stderr)
+    started = time.monotonic()
+    commands = install_all()
+    print(f"installed in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="acp-bridge-probe-") as home:
+        env = clean_agent_env(os.environ)
+        env["HOME"] = home
+        for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+            env.pop(name, None)
+        env["CODEX_HOME"] = str(Path(home) / "codex")
+        Path(env["CODEX_HOME"]).mkdir()
+        for name, command in commands.items():
+            print(f"{name}: {' '.join(command)}")
+            if not probe:
+                continue
+            try:
+                result = probe_initialize(command, env).get("result", {})
+                info = json.dumps(result.get("agentInfo"), sort_keys=True)
+                session = sorted(result.get("agentCapabilities", {}).get("sessionCapabilities", {}))
+                print(f"  agentInfo={info} sessionCapabilities={session}")
+            except (RuntimeError, OSError, ValueError) as exc:
+                failures += 1
+                print(f"  initialize FAILED: {exc}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
