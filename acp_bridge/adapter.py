@@ -12,7 +12,7 @@ own work with the agent first (``call.link.request(...)``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -61,6 +61,10 @@ class AgentLink(Protocol):
     @property
     def initialize_result(self) -> JsonObject | None: ...
 
+    @property
+    def closed(self) -> bool:
+        """True once the process has exited."""
+
     async def request(self, method: str, params: JsonObject) -> Any:
         """Send a request of the bridge's own; return its result or raise AgentError/AgentExited."""
 
@@ -103,6 +107,9 @@ class LifecycleCall(Protocol):
 
     method: str
     params: JsonObject
+    """The params that will be forwarded, ``systemPrompt`` already removed; edit freely."""
+    original_params: JsonObject
+    """The params exactly as the client sent them."""
     prompt: SystemPrompt | None
     """The prompt the session runs with once this call succeeds (after the on_omitted policy)."""
     previous: SystemPrompt | None
@@ -126,7 +133,10 @@ class AdapterContext(Protocol):
     """What the relay lends an adapter."""
 
     log: logging.Logger
-    primary: AgentLink
+
+    @property
+    def primary(self) -> AgentLink:
+        """The agent process started first; it answers everything not routed elsewhere."""
 
     def live_sessions(self) -> set[str]:
         """Sessions opened through this bridge and not closed since, in this agent process."""
@@ -136,7 +146,11 @@ class AdapterContext(Protocol):
     ) -> AgentLink:
         """Start another process of the same agent, replaying the client's initialize."""
 
-    async def stop_agent(self, link: AgentLink) -> None: ...
+    async def stop_agent(self, link: AgentLink) -> None:
+        """Stop a process started with :meth:`spawn_agent` (EOF, grace, SIGTERM, SIGKILL)."""
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run background work (timers, reapers) for as long as the connection lives."""
 
 
 class Adapter:
@@ -144,6 +158,8 @@ class Adapter:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    intercepts_prompt: ClassVar[bool] = False
+    """Whether ``session_prompt`` is called; otherwise prompts pass by untouched."""
 
     def __init__(self, context: AdapterContext) -> None:
         self.context = context

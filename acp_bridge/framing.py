@@ -37,12 +37,12 @@ class LineSplitter:
         if limit < 1:
             raise ValueError("line limit must be positive")
         self.limit = limit
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | bytearray] = []
         self._buffered = 0
         self._discarding = False  # inside an over-long line, waiting for its end
         self._discarded = 0
 
-    def feed(self, data: bytes) -> list[Line | OverlongLine]:
+    def feed(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         """Take more bytes; return every line they completed, in order."""
         out: list[Line | OverlongLine] = []
         start = 0
@@ -65,7 +65,7 @@ class LineSplitter:
     def buffered(self) -> int:
         return self._buffered
 
-    def _keep(self, piece: bytes) -> None:
+    def _keep(self, piece: bytes | bytearray) -> None:
         if not piece:
             return
         if self._discarding:

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-RequestId: TypeAlias = "int | str | None"
-JsonObject: TypeAlias = "dict[str, Any]"
+RequestId: TypeAlias = int | str | None
+JsonObject: TypeAlias = dict[str, Any]
 
 PARSE_ERROR: Final = -32700
 INVALID_REQUEST: Final = -32600

@@ -1,0 +1,75 @@
+"""What the bridge advertises to the client in the ``initialize`` response (spec §4).
+
+Sans-IO: takes the agent's result and returns the result the client gets. Every key the
+agent sent is kept; only ``systemPrompt`` and the bridge's ``_meta`` entry are added.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acp_bridge import __version__
+from acp_bridge.adapter import Delivery
+from acp_bridge.jsonrpc import JsonObject
+
+BRIDGE_META_KEY = "acp-bridge"
+
+
+def is_v2(initialize_result: JsonObject) -> bool:
+    return initialize_result.get("protocolVersion") == 2
+
+
+def agent_capabilities(initialize_result: JsonObject) -> JsonObject:
+    key = "capabilities" if is_v2(initialize_result) else "agentCapabilities"
+    caps = initialize_result.get(key)
+    return caps if isinstance(caps, dict) else {}
+
+
+def session_capabilities(initialize_result: JsonObject) -> JsonObject:
+    key = "session" if is_v2(initialize_result) else "sessionCapabilities"
+    caps = agent_capabilities(initialize_result).get(key)
+    return caps if isinstance(caps, dict) else {}
+
+
+def native_delivery(initialize_result: JsonObject) -> Delivery | None:
+    """What the agent itself advertises for systemPrompt, if anything."""
+    advertised = session_capabilities(initialize_result).get("systemPrompt")
+    if not isinstance(advertised, dict):
+        return None
+    mode = advertised.get("mode")
+    override = isinstance(mode, dict) and isinstance(mode.get("override"), dict)
+    return Delivery(append=True, override=override)
+
+
+def agent_name(initialize_result: JsonObject) -> str | None:
+    info = initialize_result.get("info" if is_v2(initialize_result) else "agentInfo")
+    if isinstance(info, dict) and isinstance(info.get("name"), str):
+        name: str = info["name"]
+        return name
+    return None
+
+
+def advertise(
+    initialize_result: JsonObject, delivery: Delivery | None, *, adapter: str
+) -> JsonObject:
+    """The initialize result the client sees, for the given (policy-adjusted) delivery."""
+    v2 = is_v2(initialize_result)
+    caps_key = "capabilities" if v2 else "agentCapabilities"
+    session_key = "session" if v2 else "sessionCapabilities"
+    caps: dict[str, Any] = dict(agent_capabilities(initialize_result))
+    meta = caps.get("_meta")
+    caps["_meta"] = {
+        **(meta if isinstance(meta, dict) else {}),
+        BRIDGE_META_KEY: {"version": __version__, "adapter": adapter},
+    }
+    session = caps.get(session_key)
+    # In v2 a `session` object means "supports the session methods"; never invent it.
+    if delivery is not None and (isinstance(session, dict) or not v2):
+        session = dict(session) if isinstance(session, dict) else {}
+        advertised: JsonObject = {"mode": {"override": {}}} if delivery.override else {}
+        session["systemPrompt"] = advertised
+        caps[session_key] = session
+    elif isinstance(session, dict) and "systemPrompt" in session:
+        # The bridge intercepts the field, so it must not promise what it cannot deliver.
+        caps[session_key] = {k: v for k, v in session.items() if k != "systemPrompt"}
+    return {**initialize_result, caps_key: caps}

@@ -1,0 +1,33 @@
+"""Session lifecycle state for one bridge connection, backed by the durable store.
+
+The relay decides *when* state changes (after the agent accepted a request); this class
+only binds the store to the agent identity, which is known once ``initialize`` returned.
+"""
+
+from __future__ import annotations
+
+from acp_bridge.store import SessionRecord, SessionStore
+from acp_bridge.system_prompt import SystemPrompt
+
+
+class Lifecycle:
+    def __init__(self, store: SessionStore, agent: str) -> None:
+        self.store = store
+        self.agent = agent
+
+    def get(self, session_id: str) -> SessionRecord | None:
+        return self.store.get(self.agent, session_id)
+
+    def save(
+        self, session_id: str, prompt: SystemPrompt | None, *, parent_id: str | None = None
+    ) -> None:
+        self.store.save(self.agent, session_id, prompt, live=True, parent_id=parent_id)
+
+    def set_live(self, session_id: str, live: bool) -> None:
+        self.store.set_live(self.agent, session_id, live)
+
+    def set_delivered(self, session_id: str, fingerprint: str | None) -> None:
+        self.store.set_delivered(self.agent, session_id, fingerprint)
+
+    def forget(self, session_id: str) -> None:
+        self.store.forget(self.agent, session_id)

@@ -1,0 +1,36 @@
+"""``first-turn``: for agents with no system prompt mechanism at all.
+
+The prompt is prepended, verbatim, as a text block to the session's next
+``session/prompt``: once per conversation, and again only when the session's prompt
+changes. The store remembers which prompt the conversation already holds, so loading a
+session after a restart does not deliver it twice. The text lands in a user turn, not the
+model's system slot, so only ``append`` is offered.
+"""
+
+from __future__ import annotations
+
+from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
+from acp_bridge.jsonrpc import JsonObject
+
+
+class FirstTurnAdapter(Adapter):
+    name = "first-turn"
+    description = "prepend the prompt to the first session/prompt of each conversation"
+    intercepts_prompt = True
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        return Delivery(append=True, override=False)
+
+    async def session_prompt(self, call: LifecycleCall) -> Reply:
+        prompt = call.prompt
+        blocks = call.params.get("prompt")
+        if prompt is None or not isinstance(blocks, list):
+            return await call.forward()
+        fingerprint = prompt.fingerprint()
+        if call.delivered == fingerprint:
+            return await call.forward()
+        call.params["prompt"] = [{"type": "text", "text": prompt.text}, *blocks]
+        reply = await call.forward()
+        if reply.ok:
+            call.mark_delivered(fingerprint)
+        return reply

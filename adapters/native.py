@@ -1,0 +1,36 @@
+"""``native``: the agent advertises ``systemPrompt`` itself, so the field passes through.
+
+The bridge still validates (it must not advertise more than the agent does, and
+``--no-override`` can narrow it) and still fills an omitted prompt from the store when the
+``on_omitted: keep`` policy asks for it.
+"""
+
+from __future__ import annotations
+
+from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
+from acp_bridge.capabilities import native_delivery
+from acp_bridge.jsonrpc import JsonObject
+
+
+class NativeAdapter(Adapter):
+    name = "native"
+    description = "agent supports systemPrompt itself: pass it through"
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        return native_delivery(initialize_result) is not None
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        return native_delivery(initialize_result) or Delivery()
+
+    async def _pass_prompt(self, call: LifecycleCall) -> Reply:
+        if call.client_sent_prompt:
+            call.params["systemPrompt"] = call.original_params["systemPrompt"]
+        elif call.prompt is not None:
+            call.params["systemPrompt"] = call.prompt.to_wire()
+        return await call.forward()
+
+    session_new = _pass_prompt
+    session_load = _pass_prompt
+    session_resume = _pass_prompt
+    session_fork = _pass_prompt

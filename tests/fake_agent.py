@@ -1,0 +1,173 @@
+"""A scriptable fake ACP agent, run as a subprocess by the tests (stdlib only).
+
+It records every line it receives (exact bytes) to ``--record`` and answers the ACP
+methods the bridge cares about. Test-only methods steer it:
+
+- ``_test/echo``: result is the params.
+- ``_test/emit``: write ``params.lines`` (strings) to stdout verbatim, then answer.
+- ``_test/exit``: exit at once with ``params.code``, answering nothing.
+- ``_test/hang``: never answer.
+- ``_test/ask_client``: send the client a request (``params.id``, ``params.method``),
+  answer this request with the client's response once it arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+out = sys.stdout.buffer
+
+
+def send(message: Any) -> None:
+    out.write(json.dumps(message).encode() + b"\n")
+    out.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--record")
+    parser.add_argument("--name", default="fake-agent")
+    parser.add_argument("--caps", default="{}", help="agentCapabilities JSON")
+    parser.add_argument("--ignore-eof", action="store_true")
+    parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--grandchild-pidfile")
+    parser.add_argument("--fail-method", action="append", default=[])
+    args = parser.parse_args()
+
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.grandchild_pidfile:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, time\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "time.sleep(3600)\n",
+            ],
+            stdin=subprocess.DEVNULL,
+        )
+        with open(args.grandchild_pidfile, "w") as f:
+            f.write(str(child.pid))
+    record = open(args.record, "ab") if args.record else None  # noqa: SIM115
+    caps = json.loads(args.caps)
+    counter = 0
+    waiting: dict[Any, Any] = {}  # client-request id -> our request id to answer
+
+    for raw in sys.stdin.buffer:
+        if record is not None:
+            record.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            record.flush()
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(message, list):
+            answers = [
+                {"jsonrpc": "2.0", "id": m["id"], "result": {"batched": m.get("method")}}
+                for m in message
+                if isinstance(m, dict) and "method" in m and "id" in m
+            ]
+            if answers:
+                send(answers)
+            continue
+        if not isinstance(message, dict):
+            continue
+        method = message.get("method")
+        request_id = message.get("id")
+        params = message.get("params") or {}
+        if method is None:
+            if request_id in waiting:
+                original = waiting.pop(request_id)
+                send({"jsonrpc": "2.0", "id": original, "result": {"clientSaid": message}})
+            continue
+        if "id" not in message:
+            continue
+
+        def answer(result: Any, _id: Any = request_id) -> None:
+            send({"jsonrpc": "2.0", "id": _id, "result": result})
+
+        if method in args.fail_method:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32603, "message": f"{method} failed on purpose"},
+                }
+            )
+        elif method == "initialize":
+            answer(
+                {
+                    "protocolVersion": params.get("protocolVersion", 1),
+                    "agentCapabilities": caps,
+                    "agentInfo": {"name": args.name, "version": "1.0.0"},
+                    "authMethods": [],
+                }
+            )
+        elif method in ("session/new", "session/fork"):
+            counter += 1
+            prefix = "sess" if method == "session/new" else "fork"
+            answer({"sessionId": f"{prefix}-{counter}"})
+        elif method in ("session/load", "session/resume", "session/close", "session/delete"):
+            answer({})
+        elif method == "session/prompt":
+            texts = [b.get("text") for b in params.get("prompt", []) if isinstance(b, dict)]
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {
+                        "sessionId": params.get("sessionId"),
+                        "update": {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": json.dumps(texts)},
+                        },
+                    },
+                }
+            )
+            answer({"stopReason": "end_turn"})
+        elif method == "_test/echo":
+            answer(params)
+        elif method == "_test/emit":
+            for line in params.get("lines", []):
+                out.write(line.encode() + b"\n")
+            out.flush()
+            answer({})
+        elif method == "_test/exit":
+            out.flush()
+            os._exit(int(params.get("code", 0)))
+        elif method == "_test/hang":
+            pass
+        elif method == "_test/ask_client":
+            waiting[params["id"]] = request_id
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": params["id"],
+                    "method": params.get("method", "fs/read_text_file"),
+                    "params": params.get("params", {}),
+                }
+            )
+        else:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32601, "message": "Method not found"},
+                }
+            )
+
+    if args.ignore_eof:
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
