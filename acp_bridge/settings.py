@@ -1,0 +1,425 @@
+"""The YAML configuration: shipped defaults and agent presets, merged with the user's file.
+
+This module owns the configuration's shape (pydantic models that reject unknown keys),
+where it comes from (the ``acp_bridge.presets`` package, then ``--config FILE`` or
+``$XDG_CONFIG_HOME/acp-bridge/config.yaml``), how layers merge (mappings key by key, lists
+replaced whole), and ``${VAR}`` / ``${VAR:-default}`` expansion. Expansion happens when a
+value is used, not when it is loaded, because ``verify`` supplies variables
+(``ENDPOINT_URL``, ``VERIFY_HOME``) that only exist while it runs.
+
+Every problem is a :class:`ConfigError` whose message has one line per problem, naming the
+file and the key path (``config.yaml: agents.claude.argz: unknown key``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from acp_bridge.store import MEMORY, SessionStore
+from acp_bridge.system_prompt import DEFAULT_MAX_PROMPT_BYTES
+
+PRESETS_PACKAGE: Final = "acp_bridge.presets"
+# Applied in this order; later files override earlier ones.
+SHIPPED_FILES: Final = ("defaults.yaml", "presets.yaml")
+USER_FILE_NAME: Final = "config.yaml"
+DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
+
+Key = str | int
+KeyPath = tuple[Key, ...]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message has one line per problem."""
+
+    def __init__(self, problems: str | Iterable[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# ---------------------------------------------------------------------------------------
+# ${VAR} expansion
+
+_REFERENCE: Final = re.compile(
+    r"(?P<escaped>\$\$\{)"
+    r"|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}"
+    r"|(?P<malformed>\$\{)"
+)
+
+
+def expand(value: str, variables: Mapping[str, str], where: str) -> str:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in ``value`` from ``variables``.
+
+    As in the shell, the default applies when the variable is unset or empty. ``$${``
+    stands for a literal ``${``; a ``$`` not followed by ``{`` is left alone. ``where``
+    names the value in errors (``agents.goose.command``).
+    """
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group("escaped"):
+            return "${"
+        name = match.group("name")
+        if name is None:
+            raise ConfigError(f"{where}: {_MALFORMED_HINT} in {value!r}")
+        current = variables.get(name)
+        default = match.group("default")
+        if default is not None and not current:
+            return default
+        if current is None:
+            raise ConfigError(
+                f"{where}: ${{{name}}} is not defined (set it, or write ${{{name}:-default}})"
+            )
+        return current
+
+    return _REFERENCE.sub(substitute, value)
+
+
+_MALFORMED_HINT: Final = "malformed variable reference (write ${NAME} or ${NAME:-default})"
+
+
+def _is_malformed(value: str) -> bool:
+    return any(match.group("malformed") for match in _REFERENCE.finditer(value))
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+
+
+def _scalar_text(value: object) -> object:
+    # YAML reads `DISABLE_TELEMETRY: 1` and `GOOSE_TELEMETRY_ENABLED: false` as a number
+    # and a boolean; in env and args the user means the text they wrote.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_scalar_text)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VerifySpec(_Section):
+    """How ``acp-bridge verify`` points an agent at the embedded local model endpoint."""
+
+    endpoint: Literal["anthropic", "openai-chat", "openai-responses"]
+    env: dict[str, Text] = Field(default_factory=dict)
+    args: list[Text] = Field(default_factory=list)
+    dirs: list[str] = Field(default_factory=list)
+    model: str | None = None
+
+    _where: str = PrivateAttr(default="verify")
+
+    def resolved_env(self, variables: Mapping[str, str]) -> dict[str, str]:
+        """Variables to set on top of the agent's environment while verifying."""
+        return {
+            name: expand(value, variables, f"{self._where}.env.{name}")
+            for name, value in self.env.items()
+        }
+
+    def resolved_args(self, variables: Mapping[str, str]) -> list[str]:
+        """Arguments to append to the agent's command line while verifying."""
+        return [
+            expand(arg, variables, f"{self._where}.args[{index}]")
+            for index, arg in enumerate(self.args)
+        ]
+
+    def resolved_dirs(self, variables: Mapping[str, str]) -> list[Path]:
+        """Folders to create before the agent starts."""
+        return [
+            Path(expand(folder, variables, f"{self._where}.dirs[{index}]")).expanduser()
+            for index, folder in enumerate(self.dirs)
+        ]
+
+
+class AgentPreset(_Section):
+    """A named agent: ``acp-bridge --agent NAME``."""
+
+    command: str = Field(min_length=1)
+    args: list[Text] = Field(default_factory=list)
+    env: dict[str, Text] = Field(default_factory=dict)
+    adapter: str = "auto"
+    description: str = ""
+    verify: VerifySpec | None = None
+
+    _where: str = PrivateAttr(default="agent")
+
+    def resolved_command(self, variables: Mapping[str, str]) -> list[str]:
+        """The command line: ``command`` followed by ``args``, expanded."""
+        return [
+            expand(self.command, variables, f"{self._where}.command"),
+            *(
+                expand(arg, variables, f"{self._where}.args[{index}]")
+                for index, arg in enumerate(self.args)
+            ),
+        ]
+
+    def resolved_env(self, variables: Mapping[str, str]) -> dict[str, str]:
+        """Variables to set on top of the bridge's own environment (never instead of it)."""
+        return {
+            name: expand(value, variables, f"{self._where}.env.{name}")
+            for name, value in self.env.items()
+        }
+
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class BridgeSettings(_Section):
+    """The ``bridge:`` section; command-line options override it."""
+
+    adapter: str = "auto"
+    adapter_paths: list[str] = Field(default_factory=list)
+    state: str = "default"
+    on_omitted: Literal["keep", "default"] = "keep"
+    allow_override: bool = True
+    max_prompt_bytes: PositiveInt = DEFAULT_MAX_PROMPT_BYTES
+    line_limit: PositiveInt = DEFAULT_LINE_LIMIT
+    shutdown_grace: NonNegativeFloat = 2.0
+    log_level: LogLevel = "warning"
+    trace: str | None = None
+    trace_prompts: bool = False
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    def state_location(self, variables: Mapping[str, str]) -> Path | Literal[":memory:"]:
+        """Where the session store lives: ``default`` is :meth:`SessionStore.default_path`."""
+        return resolve_state(self.state, variables, "bridge.state")
+
+    def trace_path(self, variables: Mapping[str, str]) -> Path | None:
+        if self.trace is None:
+            return None
+        return Path(expand(self.trace, variables, "bridge.trace")).expanduser()
+
+    def adapter_folders(self, variables: Mapping[str, str]) -> list[Path]:
+        return [
+            Path(expand(folder, variables, f"bridge.adapter_paths[{index}]")).expanduser()
+            for index, folder in enumerate(self.adapter_paths)
+        ]
+
+
+def resolve_state(
+    value: str, variables: Mapping[str, str], where: str = "state"
+) -> Path | Literal[":memory:"]:
+    """Turn a ``state`` setting (``default``, ``:memory:`` or a path) into a location."""
+    if value == "default":
+        return SessionStore.default_path()
+    if value == MEMORY:
+        return MEMORY
+    return Path(expand(value, variables, where)).expanduser()
+
+
+class Config(_Section):
+    """The merged configuration."""
+
+    bridge: BridgeSettings = Field(default_factory=BridgeSettings)
+    agents: dict[str, AgentPreset] = Field(default_factory=dict)
+
+    _sources: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _name_presets(self) -> Config:
+        for name, preset in self.agents.items():
+            preset._where = f"agents.{name}"
+            if preset.verify is not None:
+                preset.verify._where = f"agents.{name}.verify"
+        return self
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The files this configuration was read from, in merge order."""
+        return self._sources
+
+    def agent(self, name: str) -> AgentPreset:
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise ConfigError(f"unknown agent preset {name!r}; known presets: {known}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/acp-bridge/config.yaml``, falling back to ``~/.config``."""
+    env = os.environ if environ is None else environ
+    config_home = env.get("XDG_CONFIG_HOME", "")
+    if os.path.isabs(config_home):  # XDG: relative values are invalid and ignored
+        return Path(config_home) / "acp-bridge" / USER_FILE_NAME
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".config" / "acp-bridge" / USER_FILE_NAME
+
+
+def load_config(
+    user_file: Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Shipped defaults and presets, overridden by ``user_file`` (``--config``) or, when
+    that is not given, by the default user file if it exists."""
+    layers = [(f"{PRESETS_PACKAGE}/{name}", _read_shipped(name)) for name in SHIPPED_FILES]
+    if user_file is not None:
+        if not user_file.is_file():
+            raise ConfigError(f"{user_file}: no such configuration file")
+        layers.append((str(user_file), _read_file(user_file)))
+    else:
+        candidate = default_config_path(environ)
+        if candidate.is_file():
+            layers.append((str(candidate), _read_file(candidate)))
+
+    merged: dict[str, Any] = {}
+    origins: dict[KeyPath, str] = {}
+    for source, text in layers:
+        data = _parse(source, text)
+        merged = _merge(merged, data)
+        for path in _key_paths(data):
+            origins[path] = source
+
+    problems = [
+        f"{_origin(origins, path)}: {_dotted(path)}: {_MALFORMED_HINT}"
+        for path, value in _strings(merged)
+        if _is_malformed(value)
+    ]
+    try:
+        config = Config.model_validate(merged)
+    except ValidationError as exc:
+        problems = [_describe(error, origins) for error in exc.errors()] + problems
+    if problems:
+        raise ConfigError(problems)
+    config._sources = tuple(source for source, _ in layers)
+    return config
+
+
+def _read_shipped(name: str) -> str:
+    try:
+        return resources.files(PRESETS_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+    except ModuleNotFoundError:
+        # Running from a source checkout that was never installed: the package's files
+        # are the repository's config/ folder.
+        source_tree = Path(__file__).resolve().parent.parent / "config" / name
+        return source_tree.read_text(encoding="utf-8")
+
+
+def _read_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
+
+
+def _parse(source: str, text: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        raise ConfigError(f"{source}: invalid YAML: {where}{problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}".replace("\n", " ")) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping (bridge:, agents:), "
+            f"not a {_yaml_kind(data)}"
+        )
+    return data
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) is replaced whole.
+
+    Builds new dicts rather than updating ``base``: YAML anchors make several presets
+    share one mapping, and an override of one must not leak into the others.
+    """
+    merged = dict(base)
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            merged[key] = _merge(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _key_paths(data: Mapping[str, Any], prefix: KeyPath = ()) -> Iterator[KeyPath]:
+    for key, value in data.items():
+        path = (*prefix, key)
+        yield path
+        if isinstance(value, Mapping):
+            yield from _key_paths(value, path)
+
+
+def _strings(value: object, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, str]]:
+    if isinstance(value, str):
+        yield prefix, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, (*prefix, index))
+
+
+def _origin(origins: Mapping[KeyPath, str], path: KeyPath) -> str:
+    """The file that last set ``path`` or its closest enclosing key."""
+    for length in range(len(path), 0, -1):
+        source = origins.get(path[:length])
+        if source is not None:
+            return source
+    return "configuration"
+
+
+def _dotted(path: KeyPath) -> str:
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text or "(top level)"
+
+
+def _describe(error: Mapping[str, Any], origins: Mapping[KeyPath, str]) -> str:
+    path: KeyPath = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        message = "unknown key"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = str(error["msg"])
+        value = error.get("input")
+        if value is None or isinstance(value, str | int | float | bool):
+            message += f" (got {value!r})"
+    return f"{_origin(origins, path)}: {_dotted(path)}: {message}"
+
+
+def _yaml_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__
