@@ -1,0 +1,204 @@
+"""``acp-bridge sessions``: list, show and forget the sessions in the state database.
+
+This module owns only the command-line view of :class:`~acp_bridge.store.SessionStore`.
+Prompts are private: ``list`` never prints prompt text, ``show`` prints it only with
+``--prompt``. Listing or showing never creates a database that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from acp_bridge.store import MEMORY, SessionRecord, SessionStore, StoreError
+
+_STATE_KEY: Final = "acp_bridge.sessions.state"
+
+
+@click.group("sessions")
+@click.option(
+    "--state",
+    "state",
+    metavar="PATH",
+    default=None,
+    help="Session database (default: $XDG_STATE_HOME/acp-bridge/sessions.sqlite3).",
+)
+@click.pass_context
+def sessions(ctx: click.Context, state: str | None) -> None:
+    """List, show or forget the sessions whose system prompts the bridge remembers."""
+    if state is None or state == "default":  # "default" as in the bridge.state setting
+        state = str(SessionStore.default_path())
+    ctx.meta[_STATE_KEY] = state
+
+
+@sessions.command("list")
+@click.option("--agent", metavar="NAME", help="Only sessions of this agent.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def list_sessions(ctx: click.Context, agent: str | None, as_json: bool) -> None:
+    """List stored sessions, most recently updated first (never their prompt text)."""
+    with _open_store(ctx) as store:
+        records = [] if store is None else store.list(agent)
+    if as_json:
+        click.echo(json.dumps([_summary(record) for record in records], indent=2))
+        return
+    if not records:
+        click.echo("No stored sessions." if agent is None else f"No stored sessions of {agent}.")
+        return
+    rows = [("AGENT", "SESSION ID", "MODE", "LIVE", "UPDATED")]
+    rows += [
+        (r.agent, r.session_id, _mode(r), "yes" if r.live else "no", _local_time(r.updated_at))
+        for r in records
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+@sessions.command("show")
+@click.argument("session_id")
+@click.option("--agent", metavar="NAME", help="The agent the session belongs to.")
+@click.option("--prompt", "with_prompt", is_flag=True, help="Also print the system prompt.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def show_session(
+    ctx: click.Context, session_id: str, agent: str | None, with_prompt: bool, as_json: bool
+) -> None:
+    """Show one stored session; its prompt text only with --prompt."""
+    with _open_store(ctx) as store:
+        record = _find(store, session_id, agent)
+    prompt = record.prompt
+    if as_json:
+        data = _summary(record)
+        if with_prompt:
+            data["prompt"] = None if prompt is None else prompt.to_wire()
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    fields = [
+        ("agent", record.agent),
+        ("session id", record.session_id),
+        ("mode", _mode(record)),
+        ("live", "yes" if record.live else "no"),
+        ("parent", record.parent_id or "-"),
+        ("created", _local_time(record.created_at)),
+        ("updated", _local_time(record.updated_at)),
+    ]
+    if prompt is not None:
+        delivered = "yes" if record.delivered == prompt.fingerprint() else "no"
+        fields += [
+            ("prompt", f"{len(prompt.text.encode())} bytes in {len(prompt.content)} block(s)"),
+            ("fingerprint", prompt.fingerprint()),
+            ("in conversation", delivered),
+        ]
+    width = max(len(name) for name, _ in fields) + 1
+    for name, value in fields:
+        click.echo(f"{name + ':':<{width}} {value}")
+    if with_prompt and prompt is not None:
+        click.echo()
+        click.echo(prompt.text)
+
+
+@sessions.command("forget")
+@click.argument("session_id", required=False)
+@click.option("--agent", metavar="NAME", help="The agent the session(s) belong to.")
+@click.option("--all", "forget_all", is_flag=True, help="Forget every stored session.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation with --all.")
+@click.pass_context
+def forget_session(
+    ctx: click.Context, session_id: str | None, agent: str | None, forget_all: bool, yes: bool
+) -> None:
+    """Forget one stored session, or all of them (of one agent) with --all."""
+    if forget_all == (session_id is not None):
+        raise click.UsageError("Give either a SESSION_ID or --all.")
+    if session_id is not None:
+        with _open_store(ctx) as store:
+            record = _find(store, session_id, agent)
+            assert store is not None  # _find fails on a missing database
+            store.forget(record.agent, record.session_id)
+        click.echo(f"Forgot session {record.session_id} of {record.agent}.")
+        return
+    with _open_store(ctx) as store:
+        count = 0 if store is None else len(store.list(agent))
+        if count == 0:
+            click.echo("No stored sessions to forget.")
+            return
+        scope = f" of {agent}" if agent is not None else ""
+        if not yes:
+            click.confirm(f"Forget {count} stored session(s){scope}?", abort=True)
+        forgotten = store.forget_all(agent) if store is not None else 0
+    click.echo(f"Forgot {forgotten} session(s){scope}.")
+
+
+@contextmanager
+def _open_store(ctx: click.Context) -> Iterator[SessionStore | None]:
+    """The store, or ``None`` when its file does not exist (nothing was ever stored)."""
+    state: str = ctx.meta[_STATE_KEY]
+    if state != MEMORY and not Path(state).expanduser().exists():
+        yield None
+        return
+    try:
+        store = SessionStore(state if state == MEMORY else Path(state).expanduser())
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        yield store
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+
+
+def _find(store: SessionStore | None, session_id: str, agent: str | None) -> SessionRecord:
+    if store is None:
+        matches = []
+    elif agent is not None:
+        record = store.get(agent, session_id)
+        matches = [] if record is None else [record]
+    else:
+        matches = [r for r in store.list() if r.session_id == session_id]
+    if not matches:
+        scope = f" of {agent}" if agent is not None else ""
+        raise click.ClickException(f"No stored session {session_id}{scope}.")
+    if len(matches) > 1:
+        agents = ", ".join(sorted(r.agent for r in matches))
+        raise click.ClickException(
+            f"Session {session_id} is stored for several agents ({agents}); "
+            "choose one with --agent."
+        )
+    return matches[0]
+
+
+def _mode(record: SessionRecord) -> str:
+    return "default" if record.prompt is None else record.prompt.mode
+
+
+def _summary(record: SessionRecord) -> dict[str, Any]:
+    """A session as JSON, without the prompt text."""
+    prompt = record.prompt
+    return {
+        "agent": record.agent,
+        "sessionId": record.session_id,
+        "mode": _mode(record),
+        "live": record.live,
+        "parentId": record.parent_id,
+        "fingerprint": None if prompt is None else prompt.fingerprint(),
+        "delivered": record.delivered,
+        "createdAt": _utc_time(record.created_at),
+        "updatedAt": _utc_time(record.updated_at),
+    }
+
+
+def _local_time(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _utc_time(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
