@@ -18,13 +18,14 @@ from typing import Any
 import click
 import trio
 
-from acp_bridge import __version__
+from acp_bridge import __version__, capabilities
 from acp_bridge.agent_process import AgentStartError
+from acp_bridge.client import ClientRequestError, ConnectionLost
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 from acp_bridge.relay import Bridge, BridgeOptions
 from acp_bridge.sessions_cli import sessions
-from acp_bridge.settings import Config, ConfigError, load_config
+from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
 from acp_bridge.store import SessionStore, StoreError
 from acp_bridge.trace import Tracer
 
@@ -50,6 +51,7 @@ class Runtime:
     options: BridgeOptions
     state: str
     registry: AdapterRegistry
+    variables: dict[str, str]
 
 
 def _common_options(func: Any) -> Any:
@@ -120,10 +122,11 @@ def resolve_runtime(
     chosen = adapter or (preset_adapter if preset_adapter not in (None, "auto") else None)
     chosen = chosen or settings.adapter
     try:
-        registry = AdapterRegistry(Path(p) for p in settings.adapter_paths)
+        registry = AdapterRegistry(settings.adapter_folders(lookup))
         if chosen != "auto":
             registry.get(chosen)
-    except AdapterNotFound as exc:
+        state_location = resolve_state(state, lookup) if state else settings.state_location(lookup)
+    except (AdapterNotFound, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     options = BridgeOptions(
         agent_argv=argv,
@@ -135,11 +138,9 @@ def resolve_runtime(
         line_limit=settings.line_limit,
         shutdown_grace=settings.shutdown_grace,
         agent_identity=None,
+        adapter_options=settings.adapter_options,
     )
-    state_path = state or settings.state
-    if state_path == "default":
-        state_path = str(SessionStore.default_path())
-    return Runtime(config, options, state_path, registry)
+    return Runtime(config, options, str(state_location), registry, lookup)
 
 
 def open_store(path: str) -> SessionStore:
@@ -205,7 +206,10 @@ def run(
     """Run the bridge on stdio in front of AGENT_CMD (or --agent NAME)."""
     runtime = resolve_runtime(agent_cmd, **common)
     settings = runtime.config.bridge
-    trace_path = trace_file or (Path(settings.trace) if settings.trace else None)
+    try:
+        trace_path = trace_file or settings.trace_path(runtime.variables)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     tracer = Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
     try:
         status = trio.run(run_stdio, runtime, tracer)
@@ -217,3 +221,57 @@ def run(
 
 
 main.add_command(sessions)
+
+
+CHECK_TIMEOUT = 60.0
+
+
+async def run_check(runtime: Runtime) -> dict[str, Any]:
+    """Initialize the agent through an in-process bridge; report both sides of it."""
+    from acp_bridge.embedded import open_embedded_bridge
+
+    store = SessionStore(":memory:")
+    with trio.fail_after(CHECK_TIMEOUT):
+        async with open_embedded_bridge(runtime.options, store, runtime.registry) as embedded:
+            advertised = await embedded.client.request(
+                "initialize",
+                {
+                    "protocolVersion": 1,
+                    "clientCapabilities": {},
+                    "clientInfo": {"name": "acp-bridge check", "version": __version__},
+                },
+            )
+            native = embedded.bridge.primary.initialize_result or {}
+            adapter = embedded.bridge.adapter
+    return {
+        "agent": native.get("agentInfo") or native.get("info"),
+        "native": capabilities.session_capabilities(native).get("systemPrompt"),
+        "adapter": adapter.name if adapter else None,
+        "advertised": capabilities.session_capabilities(advertised).get("systemPrompt"),
+        "initialize": {"agent": native, "bridge": advertised},
+    }
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_common_options
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@click.argument("agent_cmd", nargs=-1, type=click.UNPROCESSED)
+def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
+    """Initialize the agent once and show what it and the bridge advertise."""
+    import json
+
+    runtime = resolve_runtime(agent_cmd, **common)
+    try:
+        report = trio.run(run_check, runtime)
+    except AgentStartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (trio.TooSlowError, ClientRequestError, ConnectionLost) as exc:
+        raise click.ClickException(f"the agent did not initialize: {exc}") from exc
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    agent = report["agent"] or {}
+    click.echo(f"agent:      {agent.get('name', '?')} {agent.get('version', '')}".rstrip())
+    click.echo(f"native:     systemPrompt {json.dumps(report['native'])}")
+    click.echo(f"adapter:    {report['adapter']}")
+    click.echo(f"advertised: systemPrompt {json.dumps(report['advertised'])}")

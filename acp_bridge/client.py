@@ -161,12 +161,17 @@ async def connect(
 ) -> AsyncIterator[AcpClient]:
     """An :class:`AcpClient` serving in the background for the duration of the block."""
     client = AcpClient(send_stream, receive_stream)
+    failure: Exception | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(client.serve)
         try:
             yield client
+        except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+            failure = exc
         finally:
             nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
 @asynccontextmanager

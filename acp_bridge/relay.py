@@ -16,7 +16,7 @@ import copy
 import itertools
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -73,6 +73,8 @@ class BridgeOptions:
     line_limit: int = DEFAULT_LINE_LIMIT
     shutdown_grace: float = 2.0
     agent_identity: str | None = None  # store key; default: agentInfo.name
+    # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.
+    adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -255,6 +257,7 @@ class Bridge:
         self.delivery: Delivery | None = None
         self.links: list[AgentConnection] = []
         self._primary: AgentConnection | None = None
+        self._primary_process: AgentProcess | None = None
         # Agent->client requests in flight: client-facing id -> (connection, agent's id).
         self.agent_requests: dict[RequestId, tuple[AgentConnection, RequestId]] = {}
         self.agent_request_ids: dict[tuple[int, RequestId], RequestId] = {}
@@ -272,14 +275,20 @@ class Bridge:
 
     # ----------------------------------------------------------------- running
 
-    async def run(self, *, watch_signals: bool = True) -> int:
-        """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
-        primary_process = await AgentProcess.start(
+    async def start_agent(self) -> None:
+        """Start the primary agent process; raises AgentStartError if it cannot start."""
+        self._primary_process = await AgentProcess.start(
             self.options.agent_argv, extra_env=self.options.agent_env
         )
+
+    async def run(self, *, watch_signals: bool = True) -> int:
+        """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
+        if self._primary_process is None:
+            await self.start_agent()
+        assert self._primary_process is not None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._primary = self._attach(primary_process, "agent")
+            self._primary = self._attach(self._primary_process, "agent")
             if watch_signals:
                 nursery.start_soon(self._watch_signals)
             nursery.start_soon(self._pump_client)
@@ -305,10 +314,15 @@ class Bridge:
         env = {**self.options.agent_env, **(extra_env or {})}
         process = await AgentProcess.start(argv, extra_env=env)
         link = self._attach(process, f"agent-{len(self.links)}")
-        if self.initialize_params is not None:
-            link.initialize_result = await link.request("initialize", self.initialize_params)
-        if self.authenticate_params is not None:
-            await link.request("authenticate", self.authenticate_params)
+        try:
+            if self.initialize_params is not None:
+                link.initialize_result = await link.request("initialize", self.initialize_params)
+            if self.authenticate_params is not None:
+                await link.request("authenticate", self.authenticate_params)
+        except (AgentError, AgentExited):
+            # A process that cannot be used must not outlive the failed start.
+            await self.stop_agent(link)
+            raise
         return link
 
     async def stop_agent(self, link: AgentLink) -> None:
@@ -324,6 +338,9 @@ class Bridge:
 
     def live_sessions(self) -> set[str]:
         return set(self.live)
+
+    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
+        return self.options.adapter_options.get(adapter, {})
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run background work of an adapter for as long as the connection lives."""

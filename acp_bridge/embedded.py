@@ -1,0 +1,61 @@
+"""A bridge running inside this process, with an ACP client attached over memory streams.
+
+``check`` and ``verify`` use it: the same relay an editor talks to over stdio, without a
+second Python process in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+import trio.testing
+
+from acp_bridge.client import AcpClient, connect
+from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.registry import AdapterRegistry
+from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.store import SessionStore
+
+
+@dataclass
+class EmbeddedBridge:
+    client: AcpClient
+    bridge: Bridge
+    status: int | None = None
+
+
+@asynccontextmanager
+async def open_embedded_bridge(
+    options: BridgeOptions,
+    store: SessionStore,
+    registry: AdapterRegistry | None = None,
+) -> AsyncIterator[EmbeddedBridge]:
+    """Start the agent behind a bridge; on exit close the client side and wait for shutdown."""
+    client_stream, bridge_stream = trio.testing.memory_stream_pair()
+    lifecycle = Lifecycle(store, options.agent_argv[0])
+    bridge = Bridge(options, bridge_stream, bridge_stream, lifecycle, registry=registry)
+    await bridge.start_agent()  # outside the nursery, so a start failure is a plain error
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        embedded: EmbeddedBridge | None = None
+
+        async def run() -> None:
+            status = await bridge.run(watch_signals=False)
+            if embedded is not None:
+                embedded.status = status
+
+        nursery.start_soon(run)
+        async with connect(client_stream, client_stream) as client:
+            embedded = EmbeddedBridge(client, bridge)
+            try:
+                yield embedded
+            except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+                failure = exc
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client_stream.aclose()
+    if failure is not None:
+        raise failure
