@@ -8,6 +8,7 @@ Shutdown closes stdin, waits a grace period, then signals the whole process grou
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -78,11 +79,9 @@ class AgentProcess:
     async def close_stdin(self) -> None:
         if not self._stdin_closed:
             self._stdin_closed = True
-            with trio.move_on_after(1):
-                try:
-                    await self.stdin.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
+            gone = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+            with trio.move_on_after(1), contextlib.suppress(*gone):
+                await self.stdin.aclose()
 
     def signal_group(self, signum: int) -> bool:
         """Signal every process in the agent's group; False when the group is empty."""

@@ -275,3 +275,39 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     click.echo(f"native:     systemPrompt {json.dumps(report['native'])}")
     click.echo(f"adapter:    {report['adapter']}")
     click.echo(f"advertised: systemPrompt {json.dumps(report['advertised'])}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_common_options
+@click.option(
+    "--listen",
+    required=True,
+    help="unix:PATH or tcp://HOST:PORT (loopback unless a token is set).",
+)
+@click.option(
+    "--token",
+    envvar="ACP_BRIDGE_TOKEN",
+    help="Required of clients in initialize _meta['acp-bridge'].token (env ACP_BRIDGE_TOKEN).",
+)
+@click.argument("agent_cmd", nargs=-1, type=click.UNPROCESSED)
+def serve(agent_cmd: tuple[str, ...], listen: str, token: str | None, **common: Any) -> None:
+    """Sidecar: accept ACP connections on a socket, one agent process per connection."""
+    from acp_bridge.serve import ListenAddress, ListenError, Server
+    from acp_bridge.serve import serve as serve_forever
+
+    try:
+        address = ListenAddress.parse(listen)
+    except ListenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from exc
+    if not address.loopback and not token:
+        raise click.UsageError(
+            f"{address} is not a loopback address: set --token (or ACP_BRIDGE_TOKEN)"
+        )
+    runtime = resolve_runtime(agent_cmd, **common)
+    store = open_store(runtime.state)
+    try:
+        trio.run(serve_forever, Server(runtime.options, store, runtime.registry, token), address)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {address}: {exc}") from exc
+    finally:
+        store.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,10 +190,8 @@ async def spawn_bridge(
             yield client, process
     finally:
         with trio.CancelScope(shield=True):
-            try:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await process.stdin.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
             with trio.move_on_after(10):
                 await process.wait()
             if process.returncode is None:

@@ -73,8 +73,10 @@ class Frame:
 
 
 def _is_id(value: object) -> bool:
-    return value is None or isinstance(value, str) or (
-        isinstance(value, int) and not isinstance(value, bool)
+    return (
+        value is None
+        or isinstance(value, str)
+        or (isinstance(value, int) and not isinstance(value, bool))
     )
 
 
@@ -105,8 +107,9 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
         if not _is_id(request_id):
             raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
         return Frame(raw, message, Kind.RESPONSE)
-    raise FrameError(INVALID_REQUEST, "The message is neither a request, notification nor response.",
-                     readable_id)
+    raise FrameError(
+        INVALID_REQUEST, "The message is neither a request, notification nor response.", readable_id
+    )
 
 
 def parse(raw: bytes) -> Frame:

@@ -286,14 +286,19 @@ class Bridge:
         if self._primary_process is None:
             await self.start_agent()
         assert self._primary_process is not None
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._primary = self._attach(self._primary_process, "agent")
-            if watch_signals:
-                nursery.start_soon(self._watch_signals)
-            nursery.start_soon(self._pump_client)
-            await self._finished.wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._primary = self._attach(self._primary_process, "agent")
+                if watch_signals:
+                    nursery.start_soon(self._watch_signals)
+                nursery.start_soon(self._pump_client)
+                await self._finished.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            # Cancelled from outside (a server closing): still no process is left behind.
+            if not self._finished.is_set():
+                await self._shutdown(lambda: 0)
         if self.adapter is not None:
             with trio.CancelScope(shield=True):
                 await self.adapter.aclose()

@@ -105,8 +105,9 @@ def parse_system_prompt(
         if not isinstance(block, dict):
             raise PromptRejected("Each systemPrompt content block must be an object.", where)
         if block.get("type") != "text":
+            kind = block.get("type")
             raise PromptRejected(
-                f"Only text blocks are supported in systemPrompt content, not {block.get('type')!r}.",
+                f"Only text blocks are supported in systemPrompt content, not {kind!r}.",
                 f"{where}.type",
             )
         text = block.get("text")
