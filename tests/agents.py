@@ -127,6 +127,7 @@ def install(package: str, version: str) -> Path:
             if not (staging / "node_modules" / package).is_dir():
                 raise RuntimeError(f"npm did not install {package}@{version}")
             (staging / _MARKER).write_text(f"{package}@{version}\n")
+            staging.chmod(0o755)  # mkdtemp creates it private
             staging.rename(target)
         finally:
             if staging.exists():
