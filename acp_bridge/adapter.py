@@ -12,7 +12,7 @@ own work with the agent first (``call.link.request(...)``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -151,6 +151,9 @@ class AdapterContext(Protocol):
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run background work (timers, reapers) for as long as the connection lives."""
+
+    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
+        """The configured options of an adapter (``bridge.adapter_options.<name>``)."""
 
 
 class Adapter:

@@ -191,6 +191,8 @@ class BridgeSettings(_Section):
 
     adapter: str = "auto"
     adapter_paths: list[str] = Field(default_factory=list)
+    # Options of one adapter each, keyed by adapter name; the adapter validates its own.
+    adapter_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     state: str = "default"
     on_omitted: Literal["keep", "default"] = "keep"
     allow_override: bool = True
