@@ -1,0 +1,121 @@
+"""The command line around the relay: check, --trace, presets and usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from acp_bridge.cli import main
+from acp_bridge.trace import redact
+
+FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
+OVERRIDE_CAPS = json.dumps({"sessionCapabilities": {"systemPrompt": {"mode": {"override": {}}}}})
+
+
+def run_bridge(
+    args: list[str], stdin: bytes, timeout: float = 30
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "acp_bridge", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_check_reports_native_choice_and_advertisement() -> None:
+    result = CliRunner().invoke(
+        main, ["check", "--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS]
+    )
+    assert result.exit_code == 0, result.output
+    assert "adapter:    native" in result.output
+    assert 'advertised: systemPrompt {"mode": {"override": {}}}' in result.output
+
+
+def test_check_with_no_override_policy_advertises_append_only() -> None:
+    args = [
+        "check",
+        "--no-override",
+        "--json",
+        "--",
+        sys.executable,
+        FAKE_AGENT,
+        "--caps",
+        OVERRIDE_CAPS,
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["native"] == {"mode": {"override": {}}}
+    assert report["advertised"] == {}
+
+
+def test_check_names_a_command_that_cannot_start() -> None:
+    result = CliRunner().invoke(main, ["check", "--", "/nonexistent/agent"])
+    assert result.exit_code == 1
+    assert "cannot start agent '/nonexistent/agent'" in result.output
+
+
+def test_unknown_adapter_and_missing_agent_are_usage_errors() -> None:
+    result = CliRunner().invoke(main, ["--adapter", "nope", "--", sys.executable, FAKE_AGENT])
+    assert result.exit_code == 1 and "unknown adapter 'nope'" in result.output
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 2 and "no agent" in result.output
+    result = CliRunner().invoke(main, ["--agent", "no-such-preset"])
+    assert result.exit_code == 1 and "no-such-preset" in result.output
+
+
+def test_agent_command_without_double_dash_runs_too(tmp_path: Path) -> None:
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    done = run_bridge(["--state", ":memory:", sys.executable, FAKE_AGENT], init)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"]["agentInfo"]["name"] == "fake-agent"
+
+
+def test_trace_records_every_frame_with_prompt_text_redacted(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    secret = "TOP-SECRET-PERSONA"
+    frames = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "session/new",
+            "params": {
+                "cwd": "/",
+                "mcpServers": [],
+                "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": secret}]},
+            },
+        },
+    ]
+    stdin = b"".join(json.dumps(f).encode() + b"\n" for f in frames)
+    done = run_bridge(
+        ["--state", ":memory:", "--trace", str(trace), "--", sys.executable, FAKE_AGENT], stdin
+    )
+    assert done.returncode == 0, done.stderr
+    entries = [json.loads(line) for line in trace.read_text().splitlines()]
+    directions = {e["dir"] for e in entries}
+    assert {"client->bridge", "bridge->agent", "agent->bridge", "agent->client"} <= directions
+    assert secret not in trace.read_text()
+    assert all(isinstance(e["ts"], float) for e in entries)
+
+
+def test_redact_keeps_everything_but_prompt_text() -> None:
+    message = {
+        "method": "session/load",
+        "params": {
+            "sessionId": "s",
+            "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": "abc"}]},
+            "_meta": {"systemPrompt": {"append": "xyz"}, "other": 1},
+        },
+    }
+    redacted = redact(message)
+    assert redacted["params"]["sessionId"] == "s"
+    assert redacted["params"]["systemPrompt"]["content"][0]["text"] == "<redacted> 3 chars"
+    assert redacted["params"]["_meta"] == {"systemPrompt": {"append": "<redacted>"}, "other": 1}
+    assert message["params"]["systemPrompt"]["content"][0]["text"] == "abc"
