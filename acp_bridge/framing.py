@@ -71,7 +71,8 @@ class LineSplitter:
         if self._discarding:
             self._discarded += len(piece)
             return
-        if self._buffered + len(piece) > self.limit:
+        # One spare byte: a line of exactly ``limit`` bytes may still end in ``\r\n``.
+        if self._buffered + len(piece) > self.limit + 1:
             self._discarding = True
             self._discarded = self._buffered + len(piece)
             self._chunks.clear()
@@ -91,4 +92,6 @@ class LineSplitter:
         self._buffered = 0
         if data.endswith(b"\r"):
             data = data[:-1]
+        elif len(data) > self.limit:
+            return OverlongLine(len(data))
         return Line(data)

@@ -112,12 +112,20 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
     )
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse(raw: bytes) -> Frame:
     """Parse one line. Raise :class:`FrameError` with the error code the peer should get."""
     try:
-        message = json.loads(raw)
+        # Strict UTF-8 (json.loads would guess UTF-16/32 and let lone surrogates through);
+        # NaN and Infinity are Python extensions, not JSON.
+        message = json.loads(raw.decode(), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError(PARSE_ERROR, f"The line is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise FrameError(PARSE_ERROR, "The line is nested too deeply to parse.") from None
     return classify_message(message, raw)
 
 

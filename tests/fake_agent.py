@@ -3,12 +3,22 @@
 It records every line it receives (exact bytes) to ``--record`` and answers the ACP
 methods the bridge cares about. Test-only methods steer it:
 
+Version 2 of the protocol is answered in its own shape (``info``, ``capabilities``) when
+the client asks for it; ``--caps`` is then the v2 ``capabilities`` object.
+
 - ``_test/echo``: result is the params.
 - ``_test/emit``: write ``params.lines`` (strings) to stdout verbatim, then answer.
 - ``_test/exit``: exit at once with ``params.code``, answering nothing.
 - ``_test/hang``: never answer.
 - ``_test/ask_client``: send the client a request (``params.id``, ``params.method``),
   answer this request with the client's response once it arrives.
+- ``_test/hold``: answer later, when ``_test/release`` arrives (result: the params), or
+  with ``-32800`` when a ``$/cancel_request`` names its id.
+- ``_test/release``: answer every held request, then this one.
+
+``--sent`` records every line the agent writes to stdout, so tests can compare what the
+client received with what the agent sent, byte for byte. ``--pidfile`` tells the tests
+which process to look for after shutdown.
 """
 
 from __future__ import annotations
@@ -23,14 +33,22 @@ import time
 from typing import Any
 
 out = sys.stdout.buffer
+sent_logs: list[Any] = []  # the --sent file, once open
+
+
+def write_line(line: bytes) -> None:
+    out.write(line + b"\n")
+    for log in sent_logs:
+        log.write(line + b"\n")
+        log.flush()
 
 
 def send(message: Any) -> None:
-    out.write(json.dumps(message).encode() + b"\n")
+    write_line(json.dumps(message).encode())
     out.flush()
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test double
     parser = argparse.ArgumentParser()
     parser.add_argument("--record")
     parser.add_argument("--name", default="fake-agent")
@@ -39,7 +57,17 @@ def main() -> None:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--grandchild-pidfile")
     parser.add_argument("--fail-method", action="append", default=[])
+    parser.add_argument("--session-prefix", default="", help="prefix of new session ids")
+    parser.add_argument("--sent")
+    parser.add_argument("--pidfile")
+    parser.add_argument("--eof-exit-code", type=int, default=0)
     args = parser.parse_args()
+
+    if args.pidfile:
+        with open(args.pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    if args.sent:
+        sent_logs.append(open(args.sent, "ab"))  # noqa: SIM115
 
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -60,6 +88,7 @@ def main() -> None:
     caps = json.loads(args.caps)
     counter = 0
     waiting: dict[Any, Any] = {}  # client-request id -> our request id to answer
+    held: dict[Any, Any] = {}  # _test/hold request id -> its params
 
     for raw in sys.stdin.buffer:
         if record is not None:
@@ -89,6 +118,20 @@ def main() -> None:
                 send({"jsonrpc": "2.0", "id": original, "result": {"clientSaid": message}})
             continue
         if "id" not in message:
+            cancelled = params.get("requestId") if isinstance(params, dict) else None
+            if (
+                method == "$/cancel_request"
+                and isinstance(cancelled, (int, str))
+                and cancelled in held
+            ):
+                del held[cancelled]
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": cancelled,
+                        "error": {"code": -32800, "message": "Request cancelled"},
+                    }
+                )
             continue
 
         def answer(result: Any, _id: Any = request_id) -> None:
@@ -100,6 +143,15 @@ def main() -> None:
                     "jsonrpc": "2.0",
                     "id": request_id,
                     "error": {"code": -32603, "message": f"{method} failed on purpose"},
+                }
+            )
+        elif method == "initialize" and params.get("protocolVersion") == 2:
+            answer(
+                {
+                    "protocolVersion": 2,
+                    "info": {"name": args.name, "version": "1.0.0"},
+                    "capabilities": caps,
+                    "authMethods": [],
                 }
             )
         elif method == "initialize":
@@ -114,7 +166,7 @@ def main() -> None:
         elif method in ("session/new", "session/fork"):
             counter += 1
             prefix = "sess" if method == "session/new" else "fork"
-            answer({"sessionId": f"{prefix}-{counter}"})
+            answer({"sessionId": f"{args.session_prefix}{prefix}-{counter}"})
         elif method in ("session/load", "session/resume", "session/close", "session/delete"):
             answer({})
         elif method == "session/prompt":
@@ -137,7 +189,7 @@ def main() -> None:
             answer(params)
         elif method == "_test/emit":
             for line in params.get("lines", []):
-                out.write(line.encode() + b"\n")
+                write_line(line.encode())
             out.flush()
             answer({})
         elif method == "_test/exit":
@@ -145,6 +197,13 @@ def main() -> None:
             os._exit(int(params.get("code", 0)))
         elif method == "_test/hang":
             pass
+        elif method == "_test/hold":
+            held[request_id] = params
+        elif method == "_test/release":
+            for held_id, held_params in held.items():
+                answer(held_params, held_id)
+            held.clear()
+            answer({})
         elif method == "_test/ask_client":
             waiting[params["id"]] = request_id
             send(
@@ -167,6 +226,8 @@ def main() -> None:
     if args.ignore_eof:
         while True:
             time.sleep(3600)
+    out.flush()
+    sys.exit(args.eof_exit_code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,260 @@
+"""Shared fixtures: the bridge CLI as a subprocess in front of ``tests/fake_agent.py``.
+
+``open_bridge`` starts ``python -m acp_bridge`` with a throw-away config and session store,
+gives the test the raw byte streams (tests assert on exact bytes), and on the way out makes
+sure no process it started is left running, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import yaml
+
+from acp_bridge.framing import Line, LineSplitter
+
+FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class RunningBridge:
+    """A bridge subprocess, spoken to in raw lines; files the fake agent writes live in ``dir``."""
+
+    process: trio.Process
+    dir: Path
+    stderr_path: Path
+    sent: bytearray = field(default_factory=bytearray)  # every byte the client wrote
+    received: bytearray = field(default_factory=bytearray)  # every byte the client read
+    _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(1 << 30))
+    _lines: list[bytes] = field(default_factory=list)
+    _eof: bool = False
+
+    @property
+    def stdin(self) -> trio.abc.SendStream:
+        assert self.process.stdin is not None
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    # ----------------------------------------------------------------- writing
+
+    async def send_line(self, raw: bytes) -> None:
+        """Write one line exactly as given (a newline is added)."""
+        self.sent += raw + b"\n"
+        await self.stdin.send_all(raw + b"\n")
+
+    async def send_bytes(self, raw: bytes) -> None:
+        self.sent += raw
+        await self.stdin.send_all(raw)
+
+    async def send(self, message: Any) -> None:
+        await self.send_line(json.dumps(message).encode())
+
+    async def request(self, request_id: Any, method: str, params: Any = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+
+    async def close_stdin(self) -> None:
+        with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.stdin.aclose()
+
+    # ----------------------------------------------------------------- reading
+
+    async def receive_line(self) -> bytes | None:
+        """The next line from the bridge's stdout, or None at EOF."""
+        while not self._lines:
+            if self._eof:
+                return None
+            try:
+                data = await self.stdout.receive_some(1 << 20)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            self.received += data
+            items = self._splitter.feed(data) if data else self._splitter.close()
+            self._lines.extend(item.data for item in items if isinstance(item, Line))
+            self._eof = not data
+        return self._lines.pop(0)
+
+    async def receive(self) -> Any:
+        line = await self.receive_line()
+        assert line is not None, "the bridge closed its stdout"
+        return json.loads(line)
+
+    async def receive_until(self, predicate: Callable[[Any], bool]) -> list[Any]:
+        """Messages up to and including the first one ``predicate`` accepts."""
+        seen = []
+        while True:
+            message = await self.receive()
+            seen.append(message)
+            if predicate(message):
+                return seen
+
+    async def response_to(self, request_id: Any) -> Any:
+        def matches(m: Any) -> bool:
+            return isinstance(m, dict) and m.get("id") == request_id and "method" not in m
+
+        return (await self.receive_until(matches))[-1]
+
+    async def read_to_eof(self) -> list[bytes]:
+        lines = []
+        while (line := await self.receive_line()) is not None:
+            lines.append(line)
+        return lines
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    # ------------------------------------------------------------ the agent
+
+    def file(self, name: str) -> Path:
+        return self.dir / name
+
+    def pids(self) -> list[int]:
+        """The agent's pid and its grandchild's, as far as they were written."""
+        found = []
+        for name in ("agent.pid", "grandchild.pid"):
+            path = self.file(name)
+            if path.exists() and path.read_text().strip():
+                found.append(int(path.read_text()))
+        return found
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def fake_agent_argv(directory: Path, *extra: str, grandchild: bool = False) -> list[str]:
+    argv = [
+        sys.executable,
+        str(FAKE_AGENT),
+        "--record",
+        str(directory / "agent-received"),
+        "--sent",
+        str(directory / "agent-sent"),
+        "--pidfile",
+        str(directory / "agent.pid"),
+        *extra,
+    ]
+    if grandchild:
+        argv += ["--grandchild-pidfile", str(directory / "grandchild.pid")]
+    return argv
+
+
+OpenBridge = Callable[..., Any]
+
+
+@pytest.fixture
+def bridge_env(tmp_path: Path) -> dict[str, str]:
+    """An environment that keeps the bridge away from the user's config and state."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_STATE_HOME": str(home / "state"),
+        "HOME": str(home),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@pytest.fixture
+async def open_bridge(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> AsyncIterator[OpenBridge]:
+    """``async with open_bridge(*fake_agent_args, config={...}) as bridge:``.
+
+    ``config`` is the ``bridge:`` section of a YAML config file; ``agent_argv`` replaces
+    the fake agent; ``grandchild=True`` makes the fake agent leave a stubborn child.
+    """
+    started: list[RunningBridge] = []
+    counter = 0
+
+    @asynccontextmanager
+    async def opener(
+        *agent_args: str,
+        config: dict[str, Any] | None = None,
+        bridge_args: Sequence[str] = (),
+        agent_argv: Sequence[str] | None = None,
+        grandchild: bool = False,
+    ) -> AsyncIterator[RunningBridge]:
+        nonlocal counter
+        counter += 1
+        directory = tmp_path / f"bridge-{counter}"
+        directory.mkdir()
+        config_path = directory / "config.yaml"
+        config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+        argv = list(agent_argv) if agent_argv else fake_agent_argv(
+            directory, *agent_args, grandchild=grandchild
+        )
+        stderr_path = directory / "bridge-stderr"
+        with stderr_path.open("wb") as stderr:
+            process = await trio.lowlevel.open_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "acp_bridge",
+                    "--config",
+                    str(config_path),
+                    *bridge_args,
+                    "--",
+                    *argv,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=bridge_env,
+            )
+        bridge = RunningBridge(process, directory, stderr_path)
+        started.append(bridge)
+        try:
+            yield bridge
+        finally:
+            with trio.CancelScope(shield=True):
+                await _reap(bridge)
+
+    yield opener
+    for bridge in started:
+        await _reap(bridge)
+
+
+async def _reap(bridge: RunningBridge) -> None:
+    """Leave nothing running, even when a test failed half-way."""
+    with suppress(ProcessLookupError):
+        if bridge.process.returncode is None:
+            bridge.process.kill()
+    await bridge.process.wait()
+    for pid in bridge.pids():
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,120 @@
+"""LineSplitter: bytes in, lines out, whatever the chunking; over-long lines dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter, OverlongLine
+
+
+def feed_all(splitter: LineSplitter, *chunks: bytes) -> list[Line | OverlongLine]:
+    out: list[Line | OverlongLine] = []
+    for chunk in chunks:
+        out += splitter.feed(chunk)
+    return out + splitter.close()
+
+
+def test_lines_come_out_whole_whatever_the_chunk_boundaries() -> None:
+    stream = b'{"a":1}\n{"b":"x y"}\n\n{"c":[1,2]}\n'
+    expected = [Line(b'{"a":1}'), Line(b'{"b":"x y"}'), Line(b""), Line(b'{"c":[1,2]}')]
+    for size in range(1, len(stream) + 1):
+        chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
+        assert feed_all(LineSplitter(), *chunks) == expected, size
+
+
+def test_every_two_way_split_gives_the_same_lines() -> None:
+    stream = b'{"jsonrpc":"2.0","method":"x"}\r\n{"id":1}\n'
+    for cut in range(len(stream) + 1):
+        assert feed_all(LineSplitter(), stream[:cut], stream[cut:]) == [
+            Line(b'{"jsonrpc":"2.0","method":"x"}'),
+            Line(b'{"id":1}'),
+        ]
+
+
+def test_crlf_terminator_is_not_part_of_the_frame() -> None:
+    assert feed_all(LineSplitter(), b"one\r\ntwo\r", b"\nthree\n") == [
+        Line(b"one"),
+        Line(b"two"),
+        Line(b"three"),
+    ]
+
+
+def test_carriage_return_inside_a_line_is_kept() -> None:
+    assert feed_all(LineSplitter(), b"a\rb\n") == [Line(b"a\rb")]
+
+
+def test_final_line_without_newline_still_counts() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b'{"a":1}\n{"b":2}') == [Line(b'{"a":1}')]
+    assert splitter.buffered == len(b'{"b":2}')
+    assert splitter.close() == [Line(b'{"b":2}')]
+    assert splitter.close() == []
+
+
+def test_close_with_nothing_buffered_gives_nothing() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"x\n") == [Line(b"x")]
+    assert splitter.close() == []
+
+
+def test_line_exactly_at_the_limit_passes() -> None:
+    assert feed_all(LineSplitter(5), b"12345\n") == [Line(b"12345")]
+    assert feed_all(LineSplitter(5), b"12", b"345", b"\n") == [Line(b"12345")]
+
+
+def test_line_at_the_limit_may_end_in_crlf() -> None:
+    assert feed_all(LineSplitter(5), b"12345\r\n") == [Line(b"12345")]
+    assert feed_all(LineSplitter(5), b"12345\r", b"\n") == [Line(b"12345")]
+
+
+def test_line_one_byte_over_the_limit_is_reported() -> None:
+    assert feed_all(LineSplitter(5), b"123456\n") == [OverlongLine(6)]
+    assert feed_all(LineSplitter(5), b"123456\r\n") == [OverlongLine(7)]
+
+
+def test_overlong_line_is_reported_once_with_its_full_size() -> None:
+    splitter = LineSplitter(10)
+    out = splitter.feed(b"ok\n" + b"x" * 7)
+    for _ in range(100):
+        out += splitter.feed(b"y" * 7)
+    out += splitter.feed(b"z\nafter\n")
+    assert out == [Line(b"ok"), OverlongLine(7 + 700 + 1), Line(b"after")]
+
+
+def test_overlong_line_is_not_held_in_memory() -> None:
+    splitter = LineSplitter(1000)
+    for _ in range(100):
+        splitter.feed(b"x" * 999)
+        assert splitter.buffered <= 1001
+    assert splitter.feed(b"\n") == [OverlongLine(99_900)]
+
+
+def test_overlong_final_line_without_newline_is_reported_at_close() -> None:
+    splitter = LineSplitter(3)
+    assert splitter.feed(b"abcdef") == []
+    assert splitter.close() == [OverlongLine(6)]
+
+
+def test_overlong_line_in_one_chunk_between_good_lines() -> None:
+    assert feed_all(LineSplitter(4), b"a\n" + b"b" * 50 + b"\nc\n") == [
+        Line(b"a"),
+        OverlongLine(50),
+        Line(b"c"),
+    ]
+
+
+def test_bytearray_input_is_copied_not_aliased() -> None:
+    splitter = LineSplitter()
+    chunk = bytearray(b"abc")
+    splitter.feed(chunk)
+    chunk[:] = b"XYZ"
+    assert splitter.feed(b"\n") == [Line(b"abc")]
+
+
+def test_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        LineSplitter(0)
+
+
+def test_default_limit_is_64_mib() -> None:
+    assert LineSplitter().limit == DEFAULT_LINE_LIMIT == 64 * 1024 * 1024
