@@ -147,7 +147,7 @@ async def call(
 
 # -- realistic request bodies ------------------------------------------------------------
 
-ANTHROPIC_SYSTEM = [
+ANTHROPIC_SYSTEM: list[dict[str, Any]] = [
     {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.83.c50;"},
     {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
     {"type": "text", "text": "preset text\n\nMARKER-APPEND-123"},
@@ -538,7 +538,29 @@ async def _abandon_stream(port: int, body: bytes) -> None:
     await stream.aclose()
 
 
-async def test_held_call_is_released_when_the_client_gives_up() -> None:
+async def test_held_stream_starts_then_waits_until_the_client_gives_up() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(delay=math.inf) as endpoint:
+            client = await Client.connect(endpoint.port)
+            body = json.dumps(chat_body(stream=True)).encode()
+            await client.send_head("POST", "/v1/chat/completions", body, [])
+            await client.stream.send_all(client.conn.send(h11.Data(data=body)))
+            await client.stream.send_all(client.conn.send(h11.EndOfMessage()))
+            # Headers and the first event arrive; the rest is held, as from a slow model.
+            response = await client.next_event()
+            assert isinstance(response, h11.Response) and response.status_code == 200
+            first = await client.next_event()
+            assert isinstance(first, h11.Data) and b'"role": "assistant"' in first.data
+            (held,) = endpoint.main_requests()
+            assert held.system_text().endswith("MARKER-G")
+            await client.aclose()
+            assert await endpoint.wait_for_aborted(1) == [held.seq]
+            endpoint.delay = 0.0
+            answer = await call(endpoint, "POST", "/v1/messages", anthropic_body(False))
+            assert answer.status == 200
+
+
+async def test_held_plain_reply_sends_nothing_until_released() -> None:
     with trio.fail_after(TIMEOUT):
         async with open_model_endpoint(delay=math.inf) as endpoint:
             client = await Client.connect(endpoint.port)
@@ -546,17 +568,12 @@ async def test_held_call_is_released_when_the_client_gives_up() -> None:
 
                 async def hang() -> None:
                     with pytest.raises((trio.ClosedResourceError, trio.BrokenResourceError)):
-                        await client.request("POST", "/v1/chat/completions", chat_body(True))
+                        await client.request("POST", "/v1/responses", responses_body(False))
 
                 nursery.start_soon(hang)
-                (held,) = await endpoint.wait_for_requests(1, flavour="openai-chat")
-                assert held.system_text().endswith("MARKER-G")
+                await endpoint.wait_for_requests(1, flavour="openai-responses")
                 await client.aclose()
-            assert await endpoint.wait_for_aborted(1) == [held.seq]
-            endpoint.delay = 0.0
-            assert (
-                await call(endpoint, "POST", "/v1/messages", anthropic_body(False))
-            ).status == 200
+            assert await endpoint.wait_for_aborted(1) == [1]
 
 
 async def test_wait_for_requests_times_out_naming_what_arrived() -> None:

@@ -152,6 +152,18 @@ class RequestLog:
                 return found
         raise self._timeout(f"{count} request(s) (flavour={flavour}, kind={kind})", timeout)
 
+    def wait_for_aborted_sync(self, count: int, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._aborted) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            else:
+                return list(self._aborted)
+        raise self._timeout(f"{count} aborted request(s)", timeout)
+
     def _timeout(self, wanted: str, timeout: float) -> TimeoutError:
         seen = [f"#{r.seq} {r.method} {r.path} [{r.flavour}/{r.kind}]" for r in self.select()]
         return TimeoutError(
@@ -174,11 +186,12 @@ class ModelEndpoint:
     """A fake LLM API server that records what agents send it.
 
     ``reply`` (text or a function of the request) is what the model says on every main
-    call; ``delay`` (seconds or a function of the request) holds each main call before
-    answering. A plain number applies to main calls only, so side calls (titles,
+    call; ``delay`` (seconds or a function of the request) holds each main call: a
+    streamed reply after its headers and first event, a plain reply before anything is
+    sent. A plain number applies to main calls only, so side calls (titles,
     suggestions) never stall; ``math.inf`` holds a call until the client gives up, which
-    is how a test keeps a prompt in flight to cancel it. Both may be changed while the
-    endpoint runs.
+    is how a test keeps a prompt in flight to cancel it (see :attr:`aborted`). Both may
+    be changed while the endpoint runs.
     """
 
     def __init__(
@@ -319,13 +332,24 @@ class ModelEndpoint:
         delay = (
             self.delay(record) if callable(self.delay) else (self.delay if record.is_main else 0.0)
         )
-        if delay > 0 and not await _hold_unless_disconnected(conn, stream, delay):
-            self.log.mark_aborted(record.seq)
-            return False
         text = self.reply(record) if callable(self.reply) else self.reply
         reply = reply_for(record, text, self.title)
+        # A held stream has already sent its headers and first event, like a model that
+        # is slow to produce tokens: some agents (goose) only notice a cancel once the
+        # response has started. A held plain reply sends nothing until released.
+        held_after = 1 if reply.stream else 0
         try:
-            await _send_reply(conn, stream, reply, close=reply.stream, head=record.method == "HEAD")
+            await _start_reply(conn, stream, reply, close=reply.stream)
+            head = record.method == "HEAD"
+            pieces = () if head else reply.chunks
+            for chunk in pieces[:held_after]:
+                await _send(conn, stream, h11.Data(data=chunk))
+            if delay > 0 and not await _hold_unless_disconnected(conn, stream, delay):
+                self.log.mark_aborted(record.seq)
+                return False
+            for chunk in pieces[held_after:]:
+                await _send(conn, stream, h11.Data(data=chunk))
+            await _send(conn, stream, h11.EndOfMessage())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.log.mark_aborted(record.seq)
             return False
@@ -353,14 +377,10 @@ async def _send(conn: h11.Connection, stream: trio.SocketStream, event: h11.Even
         await stream.send_all(data)
 
 
-async def _send_reply(
-    conn: h11.Connection,
-    stream: trio.SocketStream,
-    reply: Reply,
-    *,
-    close: bool,
-    head: bool = False,
+async def _start_reply(
+    conn: h11.Connection, stream: trio.SocketStream, reply: Reply, *, close: bool
 ) -> None:
+    """Send the status line and headers of ``reply``."""
     headers = [
         ("content-type", reply.content_type),
         ("server", "acp-bridge-model-endpoint"),
@@ -377,9 +397,14 @@ async def _send_reply(
     reason = HTTPStatus(reply.status).phrase.encode("ascii")
     response = h11.Response(status_code=reply.status, headers=headers, reason=reason)
     await _send(conn, stream, response)
-    if not head:
-        for chunk in reply.chunks:
-            await _send(conn, stream, h11.Data(data=chunk))
+
+
+async def _send_reply(
+    conn: h11.Connection, stream: trio.SocketStream, reply: Reply, *, close: bool
+) -> None:
+    await _start_reply(conn, stream, reply, close=close)
+    for chunk in reply.chunks:
+        await _send(conn, stream, h11.Data(data=chunk))
     await _send(conn, stream, h11.EndOfMessage())
 
 
@@ -594,6 +619,10 @@ class ThreadedModelEndpoint:
     @property
     def aborted(self) -> list[int]:
         return self.endpoint.aborted
+
+    def wait_for_aborted(self, count: int = 1, timeout: float = 30.0) -> list[int]:
+        """Block until ``count`` requests were abandoned by their client."""
+        return self.endpoint.log.wait_for_aborted_sync(count, timeout)
 
     @property
     def errors(self) -> list[BaseException]:
