@@ -54,6 +54,7 @@ class RunningBridge:
     _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(1 << 30))
     _lines: list[bytes] = field(default_factory=list)
     _eof: bool = False
+    _send_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def stdin(self) -> trio.abc.SendStream:
@@ -69,12 +70,12 @@ class RunningBridge:
 
     async def send_line(self, raw: bytes) -> None:
         """Write one line exactly as given (a newline is added)."""
-        self.sent += raw + b"\n"
-        await self.stdin.send_all(raw + b"\n")
+        await self.send_bytes(raw + b"\n")
 
     async def send_bytes(self, raw: bytes) -> None:
-        self.sent += raw
-        await self.stdin.send_all(raw)
+        async with self._send_lock:
+            self.sent += raw
+            await self.stdin.send_all(raw)
 
     async def send(self, message: Any) -> None:
         await self.send_line(json.dumps(message).encode())
@@ -188,9 +189,7 @@ def bridge_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-async def open_bridge(
-    tmp_path: Path, bridge_env: dict[str, str]
-) -> AsyncIterator[OpenBridge]:
+async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterator[OpenBridge]:
     """``async with open_bridge(*fake_agent_args, config={...}) as bridge:``.
 
     ``config`` is the ``bridge:`` section of a YAML config file; ``agent_argv`` replaces
@@ -213,8 +212,10 @@ async def open_bridge(
         directory.mkdir()
         config_path = directory / "config.yaml"
         config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
-        argv = list(agent_argv) if agent_argv else fake_agent_argv(
-            directory, *agent_args, grandchild=grandchild
+        argv = (
+            list(agent_argv)
+            if agent_argv
+            else fake_agent_argv(directory, *agent_args, grandchild=grandchild)
         )
         stderr_path = directory / "bridge-stderr"
         with stderr_path.open("wb") as stderr:
