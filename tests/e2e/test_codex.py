@@ -1,0 +1,313 @@
+"""End to end: the real codex-acp 0.16.0 behind the bridge CLI, against the model endpoint.
+
+Every test runs ``python -m acp_bridge -- <codex-acp> -c model_provider=...`` as a
+subprocess with a private ``CODEX_HOME`` whose custom provider points at the embedded
+model endpoint (OpenAI Responses flavour), and asserts on what the model received.
+CODEX_HOME is kept outside /tmp: codex refuses to put its helper binaries under a
+temporary folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agents import codex_acp_binary  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 60.0
+# The start of codex's own base instructions (codex.md §TL;DR).
+CODEX_DEFAULT_START = "You are Codex"
+PROVIDER = "acp-bridge-test"
+
+
+def append(text: str) -> dict[str, Any]:
+    return {"mode": "append", "content": [{"type": "text", "text": text}]}
+
+
+def override(text: str) -> dict[str, Any]:
+    return {"mode": "override", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.fixture(scope="module")
+def codex_binary() -> Path:
+    return codex_acp_binary()
+
+
+@pytest.fixture
+def codex_home() -> Iterator[Path]:
+    """A fresh CODEX_HOME outside /tmp (``$ACP_BRIDGE_E2E_HOME`` or the user's cache)."""
+    base = Path(
+        os.environ.get("ACP_BRIDGE_E2E_HOME") or Path.home() / ".cache" / "acp-bridge" / "e2e"
+    )
+    base.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="codex-home-", dir=base))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[int]:
+    """Pids of live processes whose environment names this CODEX_HOME: codex-acp and
+    whatever it started (``only_codex``: the codex-acp processes themselves)."""
+    marker = f"CODEX_HOME={codex_home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if marker not in environ or state == "Z":
+            continue
+        if not only_codex or command.endswith(b"/codex-acp"):
+            found.append(int(entry.name))
+    return found
+
+
+def codex_processes(codex_home: Path) -> list[int]:
+    return processes_with_home(codex_home, only_codex=True)
+
+
+@dataclass
+class CodexSetup:
+    binary: Path
+    home: Path
+    state: Path
+    endpoint: ModelEndpoint
+
+    def command(self, *bridge_args: str) -> list[str]:
+        provider = (
+            f'{{name="test",base_url="{self.endpoint.url}/v1",wire_api="responses",'
+            f'env_key="FAKE_OPENAI_API_KEY",request_max_retries=0,stream_max_retries=0,'
+            f"supports_websockets=false}}"
+        )
+        return [
+            sys.executable,
+            "-m",
+            "acp_bridge",
+            "--state",
+            str(self.state),
+            *bridge_args,
+            "--",
+            str(self.binary),
+            "-c",
+            f"model_provider={PROVIDER}",
+            "-c",
+            f"model_providers.{PROVIDER}={provider}",
+            "-c",
+            "model=gpt-5.4",
+            "-c",
+            "approval_policy=never",
+            "-c",
+            "sandbox_mode=read-only",
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL")
+        }
+        env.update(CODEX_HOME=str(self.home), FAKE_OPENAI_API_KEY="sk-acp-bridge-test")
+        return env
+
+    @asynccontextmanager
+    async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
+        async with spawn_bridge(self.command(*bridge_args), self.env()) as (client, _):
+            result = await client.request("initialize", {"protocolVersion": 1})
+            capability = result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
+            assert capability == {"mode": {"override": {}}}
+            yield client
+
+    def requests_of(self, session_id: str) -> list[RecordedRequest]:
+        return [
+            r for r in self.endpoint.main_requests() if r.headers.get("session-id") == session_id
+        ]
+
+
+@pytest.fixture
+async def codex(codex_binary: Path, codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexSetup]:
+    async with open_model_endpoint() as endpoint:
+        yield CodexSetup(codex_binary, codex_home, tmp_path / "sessions.sqlite3", endpoint)
+
+
+async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
+    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
+    if prompt is not None:
+        params["systemPrompt"] = prompt
+    result = await client.request("session/new", params)
+    session_id: str = result["sessionId"]
+    return session_id
+
+
+async def ask(codex: CodexSetup, client: AcpClient, session_id: str) -> RecordedRequest:
+    """One turn; the model request it caused."""
+    before = len(codex.requests_of(session_id))
+    result = await client.request(
+        "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "Hi."}]}
+    )
+    assert result["stopReason"] == "end_turn"
+    requests = codex.requests_of(session_id)
+    assert len(requests) == before + 1
+    return requests[-1]
+
+
+def has_developer(request: RecordedRequest, marker: str) -> bool:
+    return marker in request.developer_texts()
+
+
+def default_instructions(request: RecordedRequest) -> bool:
+    return (request.instructions or "").startswith(CODEX_DEFAULT_START)
+
+
+async def test_append_prompt_is_a_developer_message_next_to_codex_instructions(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, append("MARKER-APPEND-1\nline two"))
+            request = await ask(codex, client, session)
+    assert has_developer(request, "MARKER-APPEND-1\nline two")
+    assert default_instructions(request)
+
+
+async def test_override_prompt_replaces_codex_instructions(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, override("MARKER-OVERRIDE-1 \u00e9"))
+            request = await ask(codex, client, session)
+    assert request.instructions == "MARKER-OVERRIDE-1 \u00e9"
+    assert not any("MARKER" in t for t in request.developer_texts())
+
+
+async def test_sessions_with_different_prompts_interleave_on_one_connection(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            appended = await new_session(client, tmp_path, append("MARKER-A"))
+            plain = await new_session(client, tmp_path)
+            replaced = await new_session(client, tmp_path, override("MARKER-O"))
+            assert len(codex_processes(codex.home)) == 3
+            for _ in range(2):
+                async with trio.open_nursery() as nursery:
+                    for session in (appended, plain, replaced):
+                        nursery.start_soon(ask, codex, client, session)
+    for request in codex.requests_of(appended):
+        assert has_developer(request, "MARKER-A") and default_instructions(request)
+    for request in codex.requests_of(plain):
+        assert default_instructions(request)
+        assert not any("MARKER" in t for t in request.developer_texts())
+    for request in codex.requests_of(replaced):
+        assert request.instructions == "MARKER-O"
+        assert not any("MARKER" in t for t in request.developer_texts())
+    assert all(len(codex.requests_of(s)) == 2 for s in (appended, plain, replaced))
+
+
+async def test_sessions_reopen_after_a_bridge_restart_with_their_prompts(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT * 2):
+        async with codex.bridge() as client:
+            appended = await new_session(client, tmp_path, append("MARKER-A"))
+            replaced = await new_session(client, tmp_path, override("MARKER-O"))
+            plain = await new_session(client, tmp_path)
+            for session in (appended, replaced, plain):
+                await ask(codex, client, session)
+
+        def reopen(method: str, session: str, prompt: dict[str, Any] | None = None) -> Any:
+            params: dict[str, Any] = {"sessionId": session, "cwd": str(tmp_path), "mcpServers": []}
+            if prompt is not None:
+                params["systemPrompt"] = prompt
+            return client.request(method, params)
+
+        # Restart, policy keep: prompts re-sent on load, omitted on resume.
+        async with codex.bridge() as client:
+            await reopen("session/load", appended, append("MARKER-A"))
+            await reopen("session/load", replaced, override("MARKER-O"))
+            await reopen("session/resume", plain)
+            loaded_a, loaded_o, resumed_plain = [
+                await ask(codex, client, s) for s in (appended, replaced, plain)
+            ]
+            await reopen("session/resume", appended)
+            await reopen("session/resume", replaced)
+            kept_a, kept_o = [await ask(codex, client, s) for s in (appended, replaced)]
+        assert has_developer(loaded_a, "MARKER-A") and default_instructions(loaded_a)
+        assert loaded_o.instructions == "MARKER-O"
+        assert default_instructions(resumed_plain)
+        assert has_developer(kept_a, "MARKER-A") and default_instructions(kept_a)
+        assert kept_o.instructions == "MARKER-O"
+
+        # Restart, policy default: codex keeps what the session was created with
+        # (documented; the bridge logs that it cannot take the prompts away).
+        async with codex.bridge("--on-omitted", "default") as client:
+            await reopen("session/resume", appended)
+            await reopen("session/load", replaced)
+            default_a, default_o = [await ask(codex, client, s) for s in (appended, replaced)]
+            # A changed override does apply on reopen: codex replaces the stored base.
+            await reopen("session/resume", replaced, override("MARKER-O2"))
+            changed_o = await ask(codex, client, replaced)
+        assert has_developer(default_a, "MARKER-A")
+        assert default_o.instructions == "MARKER-O"
+        assert changed_o.instructions == "MARKER-O2"
+
+
+async def test_cancelled_prompt_stops_with_cancelled(codex: CodexSetup, tmp_path: Path) -> None:
+    codex.endpoint.delay = math.inf  # hold every model call until codex gives up on it
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, append("MARKER-CANCEL"))
+            outcome: dict[str, Any] = {}
+
+            async def prompt() -> None:
+                outcome.update(
+                    await client.request(
+                        "session/prompt",
+                        {"sessionId": session, "prompt": [{"type": "text", "text": "Hi."}]},
+                    )
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(prompt)
+                await codex.endpoint.wait_for_requests(1, timeout=TIMEOUT)
+                await client.notify("session/cancel", {"sessionId": session})
+    assert outcome == {"stopReason": "cancelled"}
+    assert has_developer(codex.requests_of(session)[0], "MARKER-CANCEL")
+
+
+async def test_no_codex_process_is_left_after_the_client_disconnects(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with spawn_bridge(codex.command(), codex.env()) as (client, bridge):
+            await client.request("initialize", {"protocolVersion": 1})
+            await new_session(client, tmp_path)
+            await new_session(client, tmp_path, append("MARKER-1"))
+            await new_session(client, tmp_path, override("MARKER-2"))
+            running = codex_processes(codex.home)
+            assert len(running) == 3
+        assert bridge.returncode == 0
+    assert processes_with_home(codex.home) == [], f"left behind; codex-acp was {running}"
