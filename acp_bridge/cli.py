@@ -28,6 +28,7 @@ from acp_bridge.sessions_cli import sessions
 from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
 from acp_bridge.store import SessionStore, StoreError
 from acp_bridge.trace import Tracer
+from acp_bridge.verify import command as verify_command
 
 log = logging.getLogger("acp_bridge")
 
@@ -311,3 +312,6 @@ def serve(agent_cmd: tuple[str, ...], listen: str, token: str | None, **common: 
         raise click.ClickException(f"cannot listen on {address}: {exc}") from exc
     finally:
         store.close()
+
+
+main.add_command(verify_command())
