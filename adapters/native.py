@@ -21,7 +21,9 @@ class NativeAdapter(Adapter):
         return native_delivery(initialize_result) is not None
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
-        return native_delivery(initialize_result) or Delivery()
+        # Mirror the agent: an agent that does not advertise the field (native chosen by
+        # hand) cannot apply it, so nothing is advertised and nothing intercepted.
+        return native_delivery(initialize_result)
 
     async def _pass_prompt(self, call: LifecycleCall) -> Reply:
         if call.client_sent_prompt:

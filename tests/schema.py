@@ -14,9 +14,14 @@ from typing import Any, Final
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from referencing import Registry, Resource
 
 SCHEMA_DIR: Final = Path(__file__).with_name("acp-schema")
 DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _uri(version: int) -> str:
+    return f"urn:acp-schema:v{version}"
 
 
 @cache
@@ -26,20 +31,24 @@ def schema(version: int) -> dict[str, Any]:
     )
     # The validator class below must match the draft the files are written in.
     assert document["$schema"] == DRAFT, document["$schema"]
+    Draft202012Validator.check_schema(document)  # slow (seconds): once per version
     return document
+
+
+@cache
+def _registry(version: int) -> Registry[Any]:
+    resource = Resource.from_contents(schema(version))
+    return Registry().with_resource(_uri(version), resource)
 
 
 @cache
 def _validator(version: int, definition: str | None) -> Draft202012Validator:
     document = schema(version)
-    target: dict[str, Any]
-    if definition is None:
-        target = document
-    else:
+    target: dict[str, Any] = {"$ref": _uri(version)}
+    if definition is not None:
         assert definition in document["$defs"], f"v{version} has no $defs/{definition}"
-        target = {"$ref": f"#/$defs/{definition}", "$defs": document["$defs"]}
-    Draft202012Validator.check_schema(target)
-    return Draft202012Validator(target)
+        target = {"$ref": f"{_uri(version)}#/$defs/{definition}"}
+    return Draft202012Validator(target, registry=_registry(version))
 
 
 def _check(value: Any, version: int, definition: str | None) -> None:
