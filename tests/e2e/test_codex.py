@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from agents import codex_acp_binary  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +45,8 @@ def override(text: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
-    return codex_acp_binary()
+    binary: Path = agents.codex_acp_binary()
+    return binary
 
 
 @pytest.fixture
