@@ -1,0 +1,128 @@
+"""How long ``session/new`` takes through the codex adapter, with the real codex-acp.
+
+Two figures, each the median of N runs against the embedded model endpoint:
+
+* **new prompt**: ``session/new`` with a prompt no running process serves, so the bridge
+  starts a codex-acp process and replays ``initialize`` to it before forwarding;
+* **running prompt**: ``session/new`` with a prompt whose process already runs.
+
+For reference it also times ``session/new`` without a prompt (the primary process).
+
+    python bench/codex_session_new.py [--runs N] [--codex-acp PATH]
+
+Without ``--codex-acp`` the pinned binary is installed (or taken from the cache) by
+``tests/agents.py``. CODEX_HOME is a fresh folder under the user's cache (codex wants it
+outside /tmp), removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.model_endpoint import open_model_endpoint
+
+PROVIDER = "acp-bridge-bench"
+
+
+def bridge_command(codex_acp: Path, endpoint_url: str, work: Path) -> list[str]:
+    provider = (
+        f'{{name="bench",base_url="{endpoint_url}/v1",wire_api="responses",'
+        f'env_key="FAKE_OPENAI_API_KEY",request_max_retries=0,stream_max_retries=0,'
+        f"supports_websockets=false}}"
+    )
+    return [
+        sys.executable,
+        "-m",
+        "acp_bridge",
+        "--state",
+        str(work / "sessions.sqlite3"),
+        "--config",
+        str(work / "config.yaml"),
+        "--",
+        str(codex_acp),
+        "-c",
+        f"model_provider={PROVIDER}",
+        "-c",
+        f"model_providers.{PROVIDER}={provider}",
+        "-c",
+        "model=gpt-5.4",
+    ]
+
+
+async def timed_new(client: AcpClient, cwd: Path, prompt: str | None) -> float:
+    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
+    if prompt is not None:
+        params["systemPrompt"] = {"mode": "append", "content": [{"type": "text", "text": prompt}]}
+    started = time.perf_counter()
+    await client.request("session/new", params)
+    return time.perf_counter() - started
+
+
+async def run(codex_acp: Path, runs: int, work: Path) -> dict[str, list[float]]:
+    home = work / "codex-home"
+    home.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL")
+    }
+    env.update(CODEX_HOME=str(home), FAKE_OPENAI_API_KEY="sk-acp-bridge-bench")
+    # Every run's prompt keeps a process with a live session: allow them all.
+    (work / "config.yaml").write_text(
+        f"bridge:\n  adapter_options:\n    codex: {{max_processes: {runs + 2}}}\n"
+    )
+    timings: dict[str, list[float]] = {"new prompt": [], "running prompt": [], "no prompt": []}
+    async with open_model_endpoint() as endpoint:
+        command = bridge_command(codex_acp, endpoint.url, work)
+        async with spawn_bridge(command, env) as (client, _):
+            await client.request("initialize", {"protocolVersion": 1})
+            await timed_new(client, work, None)  # warm the primary (first session/new)
+            for run_index in range(runs):
+                prompt = f"bench prompt {run_index}"
+                timings["new prompt"].append(await timed_new(client, work, prompt))
+                timings["running prompt"].append(await timed_new(client, work, prompt))
+                timings["no prompt"].append(await timed_new(client, work, None))
+    return timings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=7, help="runs per figure (default 7)")
+    parser.add_argument("--codex-acp", type=Path, help="the codex-acp binary")
+    args = parser.parse_args()
+    codex_acp = args.codex_acp
+    if codex_acp is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        import agents
+
+        codex_acp = agents.codex_acp_binary()
+    base = Path.home() / ".cache" / "acp-bridge" / "bench"
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="codex-", dir=base))
+    try:
+        timings = trio.run(run, codex_acp, args.runs, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"session/new through acp-bridge, codex-acp {codex_acp.name}, median of N runs")
+    for name, values in timings.items():
+        ms = sorted(v * 1000 for v in values)
+        print(
+            f"  {name:<15} median {statistics.median(ms):7.1f} ms   "
+            f"min {ms[0]:7.1f}   max {ms[-1]:7.1f}   N={len(ms)}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
