@@ -346,3 +346,28 @@ async def test_refused_set_leaves_no_session_and_fails_the_request(
     finally:
         store.close()
     assert all("REFUSED-MARKER" not in r.system_text() for r in goose_home.endpoint.requests)
+
+
+# ------------------------------------------------------------------------------ verify
+
+
+async def test_verify_passes_for_the_goose_preset(goose_binary: Path, tmp_path: Path) -> None:
+    env = {
+        **agents.clean_agent_env(_base_env()),
+        "GOOSE_BINARY": str(goose_binary),
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / ".config"),
+        "XDG_STATE_HOME": str(tmp_path / ".local" / "state"),
+    }
+    with trio.fail_after(TIMEOUT):
+        result = await trio.run_process(
+            [sys.executable, "-m", "acp_bridge", "verify", "--agent", "goose"],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    report = result.stdout.decode()
+    assert result.returncode == 0, report + result.stderr.decode()
+    assert " 0 failed" in report
+    assert "FAIL" not in report
