@@ -23,10 +23,11 @@ goose answers ``session/fork`` although it does not advertise it; the adapter ad
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 from acp_bridge.adapter import (
     Adapter,
+    AdapterContext,
     AgentError,
     AgentExited,
     Delivery,
@@ -90,8 +91,8 @@ class GooseAdapter(Adapter):
     append_key: ClassVar[str] = "acp-bridge"
     """The bridge's own key among goose's appended instructions (clients use their own)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
         # What this goose process holds in memory per session, as applied by this adapter.
         self.applied: dict[str, SystemPrompt] = {}
 
