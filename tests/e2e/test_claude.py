@@ -1,0 +1,280 @@
+"""claude-agent-acp through the bridge, end to end, against the embedded model endpoint.
+
+Three real releases, installed from npm into the shared agent cache by ``tests/agents.py``:
+
+* ``@zed-industries/claude-agent-acp@0.23.1``: the ``claude`` adapter, no prompt pinning;
+* ``@agentclientprotocol/claude-agent-acp@0.91.0``: the newest release without native
+  ``systemPrompt``; the ``claude`` adapter with ``snapshot: false``;
+* ``@agentclientprotocol/claude-agent-acp@0.101.0``: advertises ``systemPrompt`` itself,
+  so the ``native`` adapter passes it through.
+
+Each runs behind the real command line (``python -m acp_bridge --state FILE -- node …``),
+and every assertion is on the ``system`` field the model received for a ``session/prompt``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agents
+import pytest
+import trio
+
+from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
+
+pytestmark = pytest.mark.e2e
+
+# In the Claude Code preset's identity line; an override replaces that line.
+PRESET_TEXT = "Anthropic's official CLI for Claude"
+TIMEOUT = 120.0
+
+VERSIONS = {
+    "0.23.1": (agents.CLAUDE_LEGACY, "claude"),
+    "0.91.0": (agents.CLAUDE_PRE_NATIVE, "claude"),
+    "0.101.0": (agents.CLAUDE_NATIVE, "native"),
+}
+
+
+def text_prompt(mode: str, text: str) -> dict[str, Any]:
+    return {"mode": mode, "content": [{"type": "text", "text": text}]}
+
+
+@dataclass
+class ClaudeRig:
+    """One claude-agent-acp release, an isolated HOME, a bridge state file and the
+    endpoint the agent talks to; it outlives bridge restarts."""
+
+    command: list[str]
+    adapter: str
+    root: Path
+    endpoint: ModelEndpoint
+
+    @property
+    def cwd(self) -> str:
+        return str(self.root / "project")
+
+    @property
+    def state(self) -> str:
+        return str(self.root / "bridge-state.sqlite3")
+
+    def env(self) -> dict[str, str]:
+        env = agents.clean_agent_env(os.environ)
+        env.update(
+            HOME=str(self.root / "home"),
+            ANTHROPIC_BASE_URL=self.endpoint.url,
+            ANTHROPIC_API_KEY="sk-ant-acp-bridge-test",
+            DISABLE_TELEMETRY="1",
+            DISABLE_ERROR_REPORTING="1",
+            DISABLE_AUTOUPDATER="1",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        )
+        for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+            env.pop(name, None)
+        return env
+
+    @asynccontextmanager
+    async def bridge(self, on_omitted: str = "keep") -> AsyncIterator[Bridged]:
+        argv = [
+            sys.executable,
+            "-m",
+            "acp_bridge",
+            "--state",
+            self.state,
+            "--on-omitted",
+            on_omitted,
+            "--",
+            *self.command,
+        ]
+        async with spawn_bridge(argv, env=self.env()) as (client, _process):
+            with trio.fail_after(TIMEOUT):
+                result = await client.request(
+                    "initialize", {"protocolVersion": 1, "clientCapabilities": {}}
+                )
+            meta = result["agentCapabilities"]["_meta"]["acp-bridge"]
+            assert meta["adapter"] == self.adapter
+            yield Bridged(self, client)
+
+
+@dataclass
+class Bridged:
+    rig: ClaudeRig
+    client: AcpClient
+
+    def _params(self, session_id: str | None, prompt: dict[str, Any] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"cwd": self.rig.cwd, "mcpServers": []}
+        if session_id is not None:
+            params["sessionId"] = session_id
+        if prompt is not None:
+            params["systemPrompt"] = prompt
+        return params
+
+    async def new(self, prompt: dict[str, Any] | None) -> str:
+        with trio.fail_after(TIMEOUT):
+            result = await self.client.request("session/new", self._params(None, prompt))
+        return str(result["sessionId"])
+
+    async def reopen(self, method: str, session_id: str, prompt: dict[str, Any] | None) -> str:
+        with trio.fail_after(TIMEOUT):
+            result = await self.client.request(method, self._params(session_id, prompt))
+        if method == "session/fork":
+            return str(result["sessionId"])
+        return session_id
+
+    async def close(self, session_id: str) -> None:
+        with trio.fail_after(TIMEOUT):
+            await self.client.request("session/close", {"sessionId": session_id})
+
+    async def system(self, session_id: str) -> str:
+        """Prompt the session once; the ``system`` text of the model call it caused."""
+        token = f"turn-{len(self.rig.endpoint.requests)}-{session_id[:8]}"
+        with trio.fail_after(TIMEOUT):
+            await self.client.request(
+                "session/prompt",
+                {"sessionId": session_id, "prompt": [{"type": "text", "text": token}]},
+            )
+            while True:
+                calls = self.rig.endpoint.main_requests("anthropic")
+                for call in calls:
+                    if any(token in text for text in call.user_texts()):
+                        return call.system_text()
+                await self.rig.endpoint.wait_for_requests(len(calls) + 1, TIMEOUT)
+
+
+@pytest.fixture(params=list(VERSIONS), ids=lambda v: f"claude-agent-acp@{v}")
+async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ClaudeRig]:
+    (package, version), adapter = VERSIONS[request.param]
+    command = await trio.to_thread.run_sync(agents.claude_agent_command, package, version)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    async with open_model_endpoint() as endpoint:
+        yield ClaudeRig(command, adapter, tmp_path, endpoint)
+
+
+def assert_append(system: str, marker: str, *gone: str) -> None:
+    assert marker in system
+    assert PRESET_TEXT in system, "append must keep the Claude Code preset"
+    for old in gone:
+        assert old not in system
+
+
+def assert_override(system: str, marker: str, *gone: str) -> None:
+    assert marker in system
+    assert PRESET_TEXT not in system, "override must replace the Claude Code preset"
+    for old in gone:
+        assert old not in system
+
+
+async def test_append_and_override_reach_the_model_on_session_new(rig: ClaudeRig) -> None:
+    async with rig.bridge() as bridged:
+        baseline = await bridged.system(await bridged.new(None))
+        assert PRESET_TEXT in baseline
+        appended = await bridged.new(text_prompt("append", "MARKER-NEW-APPEND"))
+        assert_append(await bridged.system(appended), "MARKER-NEW-APPEND")
+        replaced = await bridged.new(text_prompt("override", "MARKER-NEW-OVERRIDE"))
+        assert_override(await bridged.system(replaced), "MARKER-NEW-OVERRIDE")
+
+
+@pytest.mark.parametrize("mode", ["append", "override"])
+async def test_prompt_follows_the_session_through_load_resume_and_fork(
+    rig: ClaudeRig, mode: str
+) -> None:
+    check = assert_append if mode == "append" else assert_override
+    first, changed, forked = (f"MARKER-{mode.upper()}-{n}" for n in ("ONE", "TWO", "FORK"))
+    async with rig.bridge() as bridged:
+        session = await bridged.new(text_prompt(mode, first))
+        check(await bridged.system(session), first)
+        # load after close, the prompt re-sent
+        await bridged.close(session)
+        await bridged.reopen("session/load", session, text_prompt(mode, first))
+        check(await bridged.system(session), first)
+    async with rig.bridge() as bridged:  # an editor restart: same state file
+        # resume with the prompt omitted: on_omitted=keep re-delivers the stored one
+        await bridged.reopen("session/resume", session, None)
+        check(await bridged.system(session), first)
+        # load of the live session with a changed prompt: the changed one applies
+        await bridged.reopen("session/load", session, text_prompt(mode, changed))
+        check(await bridged.system(session), changed, first)
+        # fork with the prompt omitted inherits the parent's
+        child = await bridged.reopen("session/fork", session, None)
+        assert child != session
+        check(await bridged.system(child), changed, first)
+        # fork with its own prompt
+        other = await bridged.reopen("session/fork", session, text_prompt(mode, forked))
+        check(await bridged.system(other), forked, changed)
+    async with rig.bridge(on_omitted="default") as bridged:
+        # omitted with on_omitted=default: the agent's own prompt, no marker
+        await bridged.reopen("session/resume", session, None)
+        system = await bridged.system(session)
+        assert PRESET_TEXT in system
+        assert changed not in system
+        assert first not in system
+        # and a prompt given again after that still applies (nothing pinned meanwhile)
+        await bridged.close(session)
+        await bridged.reopen("session/load", session, text_prompt(mode, forked))
+        check(await bridged.system(session), forked, changed)
+
+
+# ---------------------------------------------------------------------------------------
+# acp-bridge verify
+
+
+def _verify_config(tmp_path: Path) -> Path:
+    """A user config whose claude presets start the cached installs instead of npx."""
+    lines = ["agents:"]
+    for preset, (package, version) in (
+        ("claude-legacy", agents.CLAUDE_LEGACY),
+        ("claude", agents.CLAUDE_NATIVE),
+    ):
+        command = agents.claude_agent_command(package, version)
+        lines += [
+            f"  {preset}:",
+            f"    command: {command[0]!r}",
+            f"    args: [{command[1]!r}]",
+        ]
+    path = tmp_path / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+VERIFY_COMMAND = (sys.executable, "-m", "acp_bridge", "verify")
+
+
+@pytest.mark.parametrize("preset", ["claude-legacy", "claude"])
+async def test_verify_passes_every_row_for_the_claude_presets(
+    preset: str, tmp_path: Path
+) -> None:
+    config = await trio.to_thread.run_sync(_verify_config, tmp_path)
+    env = agents.clean_agent_env(os.environ)
+    env["HOME"] = str(tmp_path)
+    with trio.fail_after(600):
+        done = await trio.run_process(
+            [*VERIFY_COMMAND, "--config", str(config), "--agent", preset],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+    table = done.stdout.decode()
+    assert done.returncode == 0, table + done.stderr.decode()[-4000:]
+    rows = [line for line in table.splitlines() if line.endswith(("PASS", "FAIL", "SKIP"))]
+    steps = " | ".join(rows)
+    for step in (
+        "session/new",
+        "load after close, prompt re-sent",
+        "resume after restart, omitted (keep)",
+        "load of a live session, changed prompt",
+        "fork with its own prompt",
+        "load after restart, omitted (default)",
+    ):
+        assert step in steps
+    for mode in ("append", "override"):
+        assert sum(f"  {mode}  " in row for row in rows) == 6
+    assert all(row.endswith("PASS") for row in rows), table
+    assert "0 failed" in table
