@@ -1,0 +1,180 @@
+"""Finding and choosing adapters: built-ins from the installed package, a user's own folder,
+automatic choice from the agent's ``initialize`` response, and ``--adapter``."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from harness import (
+    NATIVE_OVERRIDE,
+    TIMEOUT,
+    FakeAgent,
+    bridge_env,
+    bridge_process,
+    wire_prompt,
+)
+
+from acp_bridge import __version__
+from acp_bridge.adapter import Adapter
+from acp_bridge.registry import AdapterNotFound, AdapterRegistry
+
+SHOUT_ADAPTER = textwrap.dedent(
+    '''
+    """A user adapter: hands the prompt to the agent in upper case, in _meta."""
+
+    from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
+    from acp_bridge.jsonrpc import JsonObject
+
+
+    class ShoutAdapter(Adapter):
+        name = "shout"
+
+        @classmethod
+        def detect(cls, initialize_result: JsonObject) -> bool:
+            return initialize_result.get("agentInfo", {}).get("name") == "shouty-agent"
+
+        def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+            return Delivery(append=True, override=True)
+
+        async def session_new(self, call: LifecycleCall) -> Reply:
+            if call.prompt is not None:
+                call.params["_meta"] = {"shout": call.prompt.text.upper()}
+            return await call.forward()
+    '''
+)
+
+
+def v1_result(caps: dict[str, Any], name: str = "some-agent") -> dict[str, Any]:
+    return {"protocolVersion": 1, "agentCapabilities": caps, "agentInfo": {"name": name}}
+
+
+@pytest.fixture
+def user_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "my-adapters"
+    folder.mkdir()
+    (folder / "shout.py").write_text(SHOUT_ADAPTER)
+    return folder
+
+
+def test_builtin_adapters_come_from_the_installed_package() -> None:
+    registry = AdapterRegistry()
+    assert {"native", "first-turn", "passthrough"} <= set(registry.names())
+    for name in ("native", "first-turn", "passthrough"):
+        adapter = registry.get(name)
+        assert issubclass(adapter, Adapter)
+        assert adapter.__module__.startswith("acp_bridge.adapters.")
+
+
+def test_auto_choice_is_native_when_the_agent_advertises_system_prompt() -> None:
+    registry = AdapterRegistry()
+    assert registry.choose(v1_result(NATIVE_OVERRIDE)).name == "native"
+    v2 = {"protocolVersion": 2, "capabilities": {"session": {"systemPrompt": {}}}}
+    assert registry.choose(v2).name == "native"
+
+
+def test_auto_choice_falls_back_to_first_turn() -> None:
+    registry = AdapterRegistry()
+    assert registry.choose(v1_result({})).name == "first-turn"
+    assert registry.choose({}).name == "first-turn"
+
+
+def test_unknown_adapter_names_the_known_ones() -> None:
+    with pytest.raises(AdapterNotFound, match="first-turn"):
+        AdapterRegistry().get("no-such-adapter")
+
+
+def test_missing_user_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(AdapterNotFound, match="does not exist"):
+        AdapterRegistry([tmp_path / "nowhere"])
+
+
+def test_user_folder_adds_an_adapter_found_by_name(user_folder: Path) -> None:
+    registry = AdapterRegistry([user_folder])
+    assert "shout" in registry.names()
+    assert "first-turn" in registry.names()
+    assert registry.choose(v1_result({}, name="shouty-agent")).name == "shout"
+    assert registry.choose(v1_result({})).name == "first-turn"
+
+
+def test_user_adapter_replaces_a_builtin_of_the_same_name(user_folder: Path) -> None:
+    (user_folder / "mine.py").write_text(
+        "from acp_bridge.adapter import Adapter\n\n\n"
+        "class MyFirstTurn(Adapter):\n"
+        '    name = "first-turn"\n'
+    )
+    registry = AdapterRegistry([user_folder])
+    assert registry.get("first-turn").__name__ == "MyFirstTurn"
+
+
+def write_config(tmp_path: Path, folder: Path) -> Path:
+    config = tmp_path / "bridge.yaml"
+    config.write_text(f"bridge:\n  adapter_paths: [{str(folder)!r}]\n")
+    return config
+
+
+async def test_config_adapter_paths_with_adapter_option_uses_the_user_adapter(
+    tmp_path: Path, user_folder: Path
+) -> None:
+    config = write_config(tmp_path, user_folder)
+    agent = FakeAgent(tmp_path / "agent.jsonl")
+    options = ("--config", str(config), "--adapter", "shout", "--state", ":memory:")
+    with trio.fail_after(TIMEOUT):
+        async with bridge_process(agent, *options, home=tmp_path) as peer:
+            result = await peer.initialize()
+            await peer.new(wire_prompt("be loud", mode="override"))
+            await peer.sync()
+    caps = result["agentCapabilities"]
+    assert caps["_meta"]["acp-bridge"] == {"version": __version__, "adapter": "shout"}
+    assert caps["sessionCapabilities"]["systemPrompt"] == {"mode": {"override": {}}}
+    new = agent.params_of("session/new")[0]
+    assert new["_meta"] == {"shout": "BE LOUD"}
+    assert "systemPrompt" not in new
+
+
+async def test_config_adapter_paths_take_part_in_auto_choice(
+    tmp_path: Path, user_folder: Path
+) -> None:
+    config = write_config(tmp_path, user_folder)
+    agent = FakeAgent(tmp_path / "agent.jsonl", name="shouty-agent")
+    with trio.fail_after(TIMEOUT):
+        async with bridge_process(
+            agent, "--config", str(config), "--state", ":memory:", home=tmp_path
+        ) as peer:
+            result = await peer.initialize()
+    assert result["agentCapabilities"]["_meta"]["acp-bridge"]["adapter"] == "shout"
+
+
+async def test_adapter_option_beats_auto_choice_in_the_command(tmp_path: Path) -> None:
+    agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
+    options = ("--adapter", "first-turn", "--state", ":memory:")
+    with trio.fail_after(TIMEOUT):
+        async with bridge_process(agent, *options, home=tmp_path) as peer:
+            result = await peer.initialize()
+    caps = result["agentCapabilities"]
+    assert caps["_meta"]["acp-bridge"]["adapter"] == "first-turn"
+    assert caps["sessionCapabilities"]["systemPrompt"] == {}
+
+
+async def test_unknown_adapter_option_fails_before_starting_the_agent(tmp_path: Path) -> None:
+    agent = FakeAgent(tmp_path / "agent.jsonl")
+    argv = [sys.executable, "-m", "acp_bridge", "--adapter", "no-such-adapter"]
+    argv += ["--state", ":memory:", "--", *agent.argv()]
+    with trio.fail_after(TIMEOUT):
+        done = await trio.run_process(
+            argv,
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=bridge_env(tmp_path),
+        )
+    assert done.returncode != 0
+    assert b"no-such-adapter" in done.stderr
+    assert b"first-turn" in done.stderr  # the message lists the adapters there are
+    assert done.stdout == b""  # nothing but ACP ever goes to stdout
+    assert not agent.record.exists()
