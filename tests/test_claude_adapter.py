@@ -1,0 +1,84 @@
+"""The claude adapter's wire shapes per claude-agent-acp version, without an agent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acp_bridge.adapters.claude import (
+    ClaudeAdapter,
+    ClaudeAgent,
+    merge_meta,
+    parse_version,
+    system_prompt_meta,
+)
+
+from acp_bridge.system_prompt import SystemPrompt
+
+
+def initialize(name: str, version: str, **session: Any) -> dict[str, Any]:
+    return {
+        "protocolVersion": 1,
+        "agentCapabilities": {"sessionCapabilities": session},
+        "agentInfo": {"name": name, "version": version},
+    }
+
+
+LEGACY = ClaudeAgent.from_initialize(initialize("@zed-industries/claude-agent-acp", "0.23.1"))
+PRE_SNAPSHOT = ClaudeAgent.from_initialize(
+    initialize("@agentclientprotocol/claude-agent-acp", "0.72.0")
+)
+PINNING = ClaudeAgent.from_initialize(initialize("@agentclientprotocol/claude-agent-acp", "0.91.0"))
+
+
+def test_detects_every_claude_agent_acp_package_name() -> None:
+    for name in (
+        "@zed-industries/claude-agent-acp",
+        "@zed-industries/claude-code-acp",
+        "@agentclientprotocol/claude-agent-acp",
+    ):
+        assert ClaudeAdapter.detect(initialize(name, "0.1.0"))
+    assert not ClaudeAdapter.detect(initialize("codex-acp", "0.16.0"))
+
+
+def test_only_successor_releases_with_the_snapshot_option_pin_prompts() -> None:
+    assert not LEGACY.pins_prompts
+    assert not PRE_SNAPSHOT.pins_prompts
+    assert PINNING.pins_prompts
+    assert parse_version("0.101.0-beta.1") == (0, 101, 0)
+    assert parse_version(None) is None
+
+
+def test_append_is_an_object_with_snapshot_off_where_prompts_are_pinned() -> None:
+    prompt = SystemPrompt.of_text("append", "one", "two")
+    assert system_prompt_meta(prompt, LEGACY) == {"systemPrompt": {"append": "one\n\ntwo"}}
+    assert system_prompt_meta(prompt, PINNING) == {
+        "systemPrompt": {"append": "one\n\ntwo", "snapshot": False}
+    }
+
+
+def test_override_is_a_string_plus_a_custom_sdk_prompt_where_prompts_are_pinned() -> None:
+    prompt = SystemPrompt.of_text("override", "X")
+    assert system_prompt_meta(prompt, LEGACY) == {"systemPrompt": "X"}
+    assert system_prompt_meta(prompt, PINNING) == {
+        "systemPrompt": "X",
+        "claudeCode": {
+            "options": {"systemPrompt": {"type": "custom", "prompt": "X", "snapshot": False}}
+        },
+    }
+
+
+def test_no_prompt_leaves_meta_alone_unless_the_default_must_not_be_pinned() -> None:
+    assert system_prompt_meta(None, LEGACY) is None
+    assert system_prompt_meta(None, PINNING) == {"systemPrompt": {"snapshot": False}}
+
+
+def test_merge_keeps_the_clients_meta_and_does_not_change_it() -> None:
+    client = {"trace": 1, "claudeCode": {"options": {"model": "m"}}, "systemPrompt": "old"}
+    merged = merge_meta(
+        client, system_prompt_meta(SystemPrompt.of_text("override", "X"), PINNING) or {}
+    )
+    assert merged["trace"] == 1
+    assert merged["systemPrompt"] == "X"
+    assert merged["claudeCode"]["options"]["model"] == "m"
+    assert merged["claudeCode"]["options"]["systemPrompt"]["prompt"] == "X"
+    assert client == {"trace": 1, "claudeCode": {"options": {"model": "m"}}, "systemPrompt": "old"}
