@@ -31,8 +31,8 @@ from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
 
 pytestmark = pytest.mark.e2e
 
-# In the Claude Code preset's identity line; an override replaces that line.
-PRESET_TEXT = "Anthropic's official CLI for Claude"
+# The opening of the Claude Code preset (every CLI version tested); gone after an override.
+PRESET_TEXT = "You are an interactive "
 TIMEOUT = 120.0
 
 VERSIONS = {
