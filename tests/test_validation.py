@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import pytest
 import trio
+import trio.testing
 from harness import (
     AGENT_NAME,
     NATIVE_OVERRIDE,
@@ -356,3 +357,22 @@ def test_parse_counts_bytes_not_characters() -> None:
     assert parse_system_prompt(wire_prompt("é" * 5), override_allowed=False, max_bytes=10)
     with pytest.raises(PromptRejected):
         parse_system_prompt(wire_prompt("é" * 5, "x"), override_allowed=False, max_bytes=10)
+
+
+async def test_lifecycle_request_sent_before_initialize_answer_is_still_validated(
+    tmp_path: Path,
+) -> None:
+    # A client may pipeline session/new right behind initialize; the bridge must not let it
+    # through unvalidated while it is still choosing the adapter.
+    agent = FakeAgent(tmp_path / "agent.jsonl")
+    invalid = {"mode": "_custom", "content": [TEXT]}
+    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
+        async with bridge_in_process(agent, store) as peer:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(peer.initialize)
+                await trio.testing.wait_all_tasks_blocked()
+                error = await peer.error(
+                    "session/new", lifecycle_params("session/new", None, invalid)
+                )
+            assert_rejected(error, "systemPrompt.mode")
+            await assert_agent_saw_no_lifecycle_request(peer, agent)
