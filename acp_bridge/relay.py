@@ -272,6 +272,8 @@ class Bridge:
         self._exit_status: int | None = None
         self._stopping = False
         self._finished = trio.Event()
+        # Set once initialize has been answered (or failed): the adapter is chosen by then.
+        self._initialized = trio.Event()
 
     # ----------------------------------------------------------------- running
 
@@ -438,6 +440,10 @@ class Bridge:
     async def _client_request(self, frame: Frame) -> None:
         if frame.method == "authenticate":
             self.authenticate_params = frame.params
+        if frame.method in HOOKS and self.initialize_params is not None:
+            # A client that pipelines session/new behind initialize must not slip past
+            # validation while the adapter is still being chosen; hold it until then.
+            await self._initialized.wait()
         if self._intercepts(frame.method) and isinstance(frame.params, dict):
             assert self._nursery is not None
             # Wait until the handler has forwarded (or answered) so later client frames,
@@ -689,7 +695,10 @@ class Bridge:
         params: JsonObject = dict(frame.params)
         call = Call(self, frame, self._route(frame), params=params, started=started)
         if frame.method == "initialize":
-            return await self._initialize(call)
+            try:
+                return await self._initialize(call)
+            finally:
+                self._initialized.set()
         assert self.adapter is not None
         if frame.method in LIFECYCLE:
             try:
