@@ -72,7 +72,7 @@ class Frame:
         return [classify_message(item) for item in self.message]
 
 
-def _is_id(value: object) -> bool:
+def is_request_id(value: object) -> bool:
     return (
         value is None
         or isinstance(value, str)
@@ -91,7 +91,7 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
     if not isinstance(message, dict):
         raise FrameError(INVALID_REQUEST, "A JSON-RPC message must be an object.")
     request_id = message.get("id")
-    readable_id = request_id if _is_id(request_id) else None
+    readable_id = request_id if is_request_id(request_id) else None
     method = message.get("method")
     if method is not None:
         if not isinstance(method, str):
@@ -100,11 +100,11 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
             raise FrameError(INVALID_REQUEST, "The params must be an object or array.", readable_id)
         if "id" not in message:
             return Frame(raw, message, Kind.NOTIFICATION)
-        if not _is_id(request_id):
+        if not is_request_id(request_id):
             raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
         return Frame(raw, message, Kind.REQUEST)
     if "id" in message and ("result" in message or "error" in message):
-        if not _is_id(request_id):
+        if not is_request_id(request_id):
             raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
         return Frame(raw, message, Kind.RESPONSE)
     raise FrameError(

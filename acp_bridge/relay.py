@@ -34,7 +34,15 @@ from acp_bridge.adapter import (
 )
 from acp_bridge.agent_process import AgentProcess
 from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter
-from acp_bridge.jsonrpc import CANCEL_REQUEST, Frame, FrameError, JsonObject, Kind, RequestId
+from acp_bridge.jsonrpc import (
+    CANCEL_REQUEST,
+    Frame,
+    FrameError,
+    JsonObject,
+    Kind,
+    RequestId,
+    is_request_id,
+)
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AUTO, AdapterRegistry
 from acp_bridge.system_prompt import (
@@ -94,6 +102,7 @@ class ClientSide:
         self.tracer = tracer
         self.lock = trio.Lock()
         self.gone = False
+        self.went_away = trio.Event()  # set when a write fails: nobody reads our stdout
 
     async def send_raw(self, raw: bytes, message: Any = None) -> None:
         if self.gone:
@@ -104,6 +113,7 @@ class ClientSide:
                 await self.stream.send_all(raw + b"\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.gone = True
+                self.went_away.set()
                 log.info("the client went away")
 
     async def send(self, message: JsonObject) -> None:
@@ -295,6 +305,7 @@ class Bridge:
                 if watch_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._pump_client)
+                nursery.start_soon(self._watch_client_output)
                 await self._finished.wait()
                 nursery.cancel_scope.cancel()
         finally:
@@ -369,6 +380,11 @@ class Bridge:
                     nursery.start_soon(link.process.stop, self.options.shutdown_grace)
             self._exit_status = status()
         self._finished.set()
+
+    async def _watch_client_output(self) -> None:
+        """A client that closed our stdout is gone even if its end of stdin stays open."""
+        await self.client.went_away.wait()
+        await self._shutdown(self._status_after_client_left)
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -494,7 +510,11 @@ class Bridge:
 
     async def _client_notification(self, frame: Frame) -> None:
         params = frame.params
-        if frame.method == CANCEL_REQUEST and isinstance(params, dict):
+        if (
+            frame.method == CANCEL_REQUEST
+            and isinstance(params, dict)
+            and is_request_id(params.get("requestId"))
+        ):
             target = self.client_requests.get(params.get("requestId"))
             if target is not None:
                 link, wire_id = target
@@ -539,9 +559,11 @@ class Bridge:
                 await self.client.send_raw(jsonrpc.encode(errors), errors)
             return
         for member in members:
-            if isinstance(member, dict) and "method" in member and "id" in member:
+            if not isinstance(member, dict) or not is_request_id(member.get("id")):
+                continue  # malformed members are the agent's to answer
+            if "method" in member and "id" in member:
                 self.primary.forwarded[member["id"]] = Forwarded(member["id"], member["method"])
-            elif isinstance(member, dict) and "method" not in member and "id" in member:
+            elif "method" not in member and "id" in member:
                 self.agent_requests.pop(member["id"], None)
         await self.primary.send_raw(frame.raw, frame.message)
 
@@ -641,7 +663,11 @@ class Bridge:
 
     async def _agent_notification(self, link: AgentConnection, frame: Frame) -> None:
         params = frame.params
-        if frame.method == CANCEL_REQUEST and isinstance(params, dict):
+        if (
+            frame.method == CANCEL_REQUEST
+            and isinstance(params, dict)
+            and is_request_id(params.get("requestId"))
+        ):
             client_id = self.agent_request_ids.get((id(link), params.get("requestId")))
             if client_id is not None and client_id != params.get("requestId"):
                 changed = {**params, "requestId": client_id}
@@ -652,6 +678,8 @@ class Bridge:
     async def _agent_batch(self, link: AgentConnection, frame: Frame) -> None:
         for member in frame.message:
             if not isinstance(member, dict) or "id" not in member:
+                continue
+            if not is_request_id(member["id"]):
                 continue
             if "method" in member:
                 self.agent_requests[member["id"]] = (link, member["id"])

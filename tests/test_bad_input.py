@@ -1,0 +1,198 @@
+"""Each bad input has a defined outcome, and the bridge keeps serving after it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+from conftest import OpenBridge, RunningBridge, pid_alive
+
+INVALID_REQUEST = -32600
+
+
+async def still_serving(bridge: RunningBridge, request_id: Any = "alive") -> None:
+    await bridge.request(request_id, "_test/echo", {"still": "here"})
+    assert (await bridge.response_to(request_id))["result"] == {"still": "here"}
+
+
+def agent_received(bridge: RunningBridge) -> bytes:
+    return bridge.file("agent-received").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"{", b"not json at all", b'{"jsonrpc":"2.0","id":1,"method":"x"', b"\xff\xfe", b"[" * 50_000],
+    ids=["truncated", "words", "unterminated", "bad-utf8", "deep-nesting"],
+)
+async def test_malformed_json_gets_parse_error_with_null_id(
+    open_bridge: OpenBridge, line: bytes
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(line)
+            error = await bridge.receive()
+            assert error["id"] is None
+            assert error["error"]["code"] == -32700
+            await still_serving(bridge)
+            assert line not in agent_received(bridge).splitlines()
+
+
+@pytest.mark.parametrize("line", [b"42", b'"a string"', b"[]", b"null", b"true"])
+async def test_non_object_gets_invalid_request_with_null_id(
+    open_bridge: OpenBridge, line: bytes
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(line)
+            error = await bridge.receive()
+            assert error == {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {"code": INVALID_REQUEST, "message": error["error"]["message"]},
+            }
+            await still_serving(bridge)
+            assert agent_received(bridge).count(b"\n") == 1
+
+
+@pytest.mark.parametrize("bad_id", ["{}", "[1]", "true", "1.5"])
+async def test_invalid_id_types_get_invalid_request_with_null_id(
+    open_bridge: OpenBridge, bad_id: str
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(
+                b'{"jsonrpc":"2.0","id":%s,"method":"_test/echo"}' % bad_id.encode()
+            )
+            error = await bridge.receive()
+            assert error["id"] is None and error["error"]["code"] == INVALID_REQUEST
+            await still_serving(bridge)
+
+
+async def test_invalid_shape_with_readable_id_is_answered_with_that_id(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(b'{"jsonrpc":"2.0","id":"mine","method":7}')
+            error = await bridge.receive()
+            assert error["id"] == "mine" and error["error"]["code"] == INVALID_REQUEST
+            await still_serving(bridge)
+
+
+async def test_overlong_client_line_gets_invalid_request_and_bridge_keeps_serving(
+    open_bridge: OpenBridge,
+) -> None:
+    limit = 1000
+    with trio.fail_after(30):
+        async with open_bridge(config={"line_limit": limit}) as bridge:
+            long_line = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "long",
+                    "method": "_test/echo",
+                    "params": {"x": "y" * 5000},
+                }
+            ).encode()
+            await bridge.send_line(long_line)
+            error = await bridge.receive()
+            assert error["id"] is None
+            assert error["error"]["code"] == INVALID_REQUEST
+            assert str(len(long_line)) in error["error"]["message"]
+            await still_serving(bridge)
+            assert b'"long"' not in agent_received(bridge)
+
+
+async def test_unhashable_cancel_request_id_passes_through_without_harm(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            for weird in (b"{}", b"[1,2]", b"null"):
+                await bridge.send_line(
+                    b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":%s}}'
+                    % weird
+                )
+            await bridge.send_line(b'[{"jsonrpc":"2.0","id":{"a":1},"method":"_x/batched"}]')
+            await still_serving(bridge)
+            assert agent_received(bridge).count(b"$/cancel_request") == 3
+
+
+async def test_garbage_from_agent_never_reaches_client(open_bridge: OpenBridge) -> None:
+    garbage = [
+        *("not json", "{", "42", "[]", '"text"', '{"neither":"request nor response"}'),
+        *('{"jsonrpc":"2.0","id":{},"method":"x"}', "[" * 50_000, "Loading model...\t"),
+    ]
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.request(1, "_test/emit", {"lines": garbage})
+            response = await bridge.receive()
+            assert response == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            await still_serving(bridge)
+            await bridge.close_stdin()
+            assert await bridge.read_to_eof() == []
+            assert await bridge.wait() == 0
+    received = bytes(bridge.received).splitlines()
+    for line in garbage:
+        assert line.encode() not in received
+    assert bridge.stderr().count("dropped a line that is not JSON-RPC") == len(garbage)
+
+
+async def test_unknown_methods_pass_through_both_ways(open_bridge: OpenBridge) -> None:
+    note = b'{"jsonrpc":"2.0","method":"_acme/notify","params":{"_meta":{"k":"v"}}}'
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(b'{"jsonrpc":"2.0","id":5,"method":"acme/unknown","params":{}}')
+            assert (await bridge.response_to(5))["error"]["code"] == -32601
+            await bridge.request(6, "_test/emit", {"lines": [note.decode()]})
+            assert await bridge.receive_line() == note
+            await still_serving(bridge)
+    assert b"acme/unknown" in agent_received(bridge)
+
+
+async def test_dying_agent_fails_every_pending_request_with_its_exit_status(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await still_serving(bridge, "warm-up")
+            for request_id in ("a", 2, "acp-bridge-1"):
+                await bridge.request(request_id, "_test/hang")
+            await bridge.request("exit", "_test/exit", {"code": 3})
+            lines = await bridge.read_to_eof()
+            assert await bridge.wait() == 3
+    errors = {json.loads(line)["id"]: json.loads(line)["error"] for line in lines}
+    assert set(errors) == {"a", 2, "acp-bridge-1", "exit"}
+    for error in errors.values():
+        assert error["code"] == -32603
+        assert "exited with status 3" in error["message"]
+        assert error["data"] == {"exitStatus": 3}
+    assert not any(pid_alive(pid) for pid in bridge.pids())
+
+
+async def test_client_closing_stdin_mid_stream_shuts_down_in_order(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge(config={"shutdown_grace": 0.3}, grandchild=True) as bridge:
+            await still_serving(bridge)
+            await bridge.request("pending", "_test/hang")
+            await bridge.send_bytes(b'{"jsonrpc":"2.0","method":"half a li')
+            await bridge.close_stdin()
+            await bridge.read_to_eof()
+            await bridge.wait()
+            assert len(bridge.pids()) == 2
+            assert not any(pid_alive(pid) for pid in bridge.pids())
+
+
+async def test_client_closing_its_read_end_shuts_down_in_order(open_bridge: OpenBridge) -> None:
+    with trio.fail_after(30):
+        async with open_bridge(config={"shutdown_grace": 0.3}, grandchild=True) as bridge:
+            await still_serving(bridge)
+            await bridge.stdout.aclose()
+            # The bridge notices when it next writes to the client.
+            await bridge.request("x", "_test/echo", {})
+            await bridge.wait()
+            assert len(bridge.pids()) == 2
+            assert not any(pid_alive(pid) for pid in bridge.pids())
