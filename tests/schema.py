@@ -12,8 +12,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 
 SCHEMA_DIR: Final = Path(__file__).with_name("acp-schema")
@@ -37,12 +37,13 @@ def schema(version: int) -> dict[str, Any]:
 
 @cache
 def _registry(version: int) -> Registry[Any]:
-    resource = Resource.from_contents(schema(version))
-    return Registry().with_resource(_uri(version), resource)
+    resource: Resource[Any] = Resource.from_contents(schema(version))
+    registry: Registry[Any] = Registry().with_resource(_uri(version), resource)
+    return registry
 
 
 @cache
-def _validator(version: int, definition: str | None) -> Draft202012Validator:
+def _validator(version: int, definition: str | None) -> Any:
     document = schema(version)
     target: dict[str, Any] = {"$ref": _uri(version)}
     if definition is not None:

@@ -178,7 +178,7 @@ async def test_v2_puts_capability_under_capabilities_session(tmp_path: Path) -> 
 
 
 async def test_v2_native_override_is_mirrored(tmp_path: Path) -> None:
-    caps = {"session": {"systemPrompt": {"mode": {"override": {}}}}}
+    caps: dict[str, Any] = {"session": {"systemPrompt": {"mode": {"override": {}}}}}
     result = await initialize(tmp_path, caps, version=2)
     assert result["capabilities"]["session"]["systemPrompt"] == {"mode": {"override": {}}}
     assert result["capabilities"]["_meta"]["acp-bridge"] == bridge_meta("native")

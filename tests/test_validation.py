@@ -177,7 +177,7 @@ async def test_invalid_prompt_rejected_without_reaching_agent(
 async def test_rejection_frames_are_valid_for_both_protocol_versions(
     tmp_path: Path, version: int
 ) -> None:
-    caps = {"session": {}} if version == 2 else {}
+    caps: dict[str, Any] = {"session": {}} if version == 2 else {}
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=caps)
     with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
         async with bridge_in_process(agent, store, version=version) as peer:
