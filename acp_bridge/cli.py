@@ -160,8 +160,9 @@ def claim_stdout() -> int:
     return acp_fd
 
 
-async def run_stdio(runtime: Runtime, tracer: Tracer) -> int:
-    acp_fd = claim_stdout()
+async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None) -> int:
+    if acp_fd is None:
+        acp_fd = claim_stdout()
     client_in = trio.lowlevel.FdStream(os.dup(0))
     client_out = trio.lowlevel.FdStream(acp_fd)
     store = open_store(runtime.state)
@@ -205,6 +206,8 @@ def run(
     **common: Any,
 ) -> None:
     """Run the bridge on stdio in front of AGENT_CMD (or --agent NAME)."""
+    # Before anything else runs: loading user adapters may print at import time.
+    acp_fd = claim_stdout()
     runtime = resolve_runtime(agent_cmd, **common)
     settings = runtime.config.bridge
     try:
@@ -213,7 +216,7 @@ def run(
         raise click.ClickException(str(exc)) from exc
     tracer = Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
     try:
-        status = trio.run(run_stdio, runtime, tracer)
+        status = trio.run(run_stdio, runtime, tracer, acp_fd)
     except AgentStartError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

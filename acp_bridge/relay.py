@@ -57,6 +57,9 @@ log = logging.getLogger("acp_bridge")
 
 # Reads are this large at most; lines are reassembled by the splitter.
 READ_CHUNK: Final = 1 << 20
+# After the agent exits, how long its stdout may stay silent before it counts as closed.
+# Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
+AGENT_EXIT_DRAIN: Final = 0.2
 
 HOOKS: Final = {
     "session/new": "session_new",
@@ -133,6 +136,7 @@ class AgentConnection:
         self.exit_status: int | None = None
         self.closed = False
         self.done = trio.Event()
+        self.read_scope: trio.CancelScope | None = None  # the pending read of stdout
         self._lock = trio.Lock()
         self._ids = itertools.count(1)
 
@@ -570,13 +574,38 @@ class Bridge:
     # ------------------------------------------------------------- agent side
 
     async def _pump_agent(self, link: AgentConnection) -> None:
+        async with trio.open_nursery() as nursery:
+            # The agent's stdout ends at EOF, or shortly after the agent exits: a grandchild
+            # that inherited the pipe (npx and similar wrappers) may hold it open for ever.
+            exited = trio.Event()
+            nursery.start_soon(self._watch_agent_exit, link, exited)
+            await self._read_agent(link, exited)
+            nursery.cancel_scope.cancel()
+        await self._agent_gone(link)
+
+    async def _watch_agent_exit(self, link: AgentConnection, exited: trio.Event) -> None:
+        await link.process.wait()
+        exited.set()
+        if link.read_scope is not None:
+            # Whatever the agent wrote before exiting is already in the pipe.
+            link.read_scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
+
+    async def _read_agent(self, link: AgentConnection, exited: trio.Event) -> None:
         splitter = LineSplitter(self.options.line_limit)
         stream = link.process.stdout
         while True:
-            try:
-                data = await stream.receive_some(READ_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
+            data: bytes | bytearray = b""
+            # Only the read is cancelled, never a frame half-written to the client.
+            with trio.CancelScope() as read_scope:
+                if exited.is_set():
+                    read_scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
+                else:
+                    link.read_scope = read_scope
+                try:
+                    data = await stream.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+            link.read_scope = None
             items = splitter.feed(data) if data else splitter.close()
             for item in items:
                 if isinstance(item, Line):
