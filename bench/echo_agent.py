@@ -1,0 +1,52 @@
+"""A minimal, fast ACP-shaped agent for the relay benchmark (stdlib only).
+
+It does only what the benchmark needs and avoids JSON parsing where it can, so that the
+agent itself does not hide the bridge's cost:
+
+- a request ``{"jsonrpc":"2.0","id":N,"method":"bench/echo",...}`` is answered with the
+  same params (``{"jsonrpc":"2.0","id":N,"result":<params>}``);
+- ``bench/flood`` with ``{"count":C}`` writes C small notifications, then answers;
+- notifications are counted; ``bench/count`` answers with how many arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+NOTE = (
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+    b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"tok"}}}}\n'
+)
+
+
+def main() -> None:
+    read = sys.stdin.buffer.readline
+    out = sys.stdout.buffer
+    notes = 0
+    while line := read():
+        if line.startswith(b'{"jsonrpc":"2.0","method"'):
+            notes += 1
+            continue
+        # Requests are written by the benchmark as {"jsonrpc":"2.0","id":N,"method":"M","params":P}
+        id_end = line.index(b",", 22)
+        request_id = line[22:id_end]
+        method_end = line.index(b'"', id_end + 11)
+        method = line[id_end + 11 : method_end]
+        if method == b"bench/echo":
+            params = line[method_end + 11 : line.rindex(b"}")]
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + params + b"}\n")
+        elif method == b"bench/flood":
+            count = json.loads(line)["params"]["count"]
+            out.write(NOTE * count)
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":{}}\n')
+        elif method == b"bench/count":
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":%d}\n' % notes)
+            notes = 0
+        else:
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":null}\n')
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
