@@ -28,11 +28,14 @@ import trio
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
+from acp_bridge.verify import DefaultPrompt
 
 pytestmark = pytest.mark.e2e
 
-# The opening of the Claude Code preset (every CLI version tested); gone after an override.
-PRESET_TEXT = "You are an interactive "
+# The Claude Code preset differs between CLI versions (even its identity line), so it is
+# recognised by the lines of a session that got no prompt; an override leaves a few.
+KEPT_AT_LEAST = 0.7
+GONE_AT_MOST = 0.3
 TIMEOUT = 120.0
 
 VERSIONS = {
@@ -80,7 +83,10 @@ class ClaudeRig:
         return env
 
     @asynccontextmanager
-    async def bridge(self, on_omitted: str = "keep") -> AsyncIterator[Bridged]:
+    async def bridge(
+        self, on_omitted: str = "keep", adapter: str | None = None
+    ) -> AsyncIterator[Bridged]:
+        chosen = ["--adapter", adapter] if adapter else []
         argv = [
             sys.executable,
             "-m",
@@ -89,6 +95,7 @@ class ClaudeRig:
             self.state,
             "--on-omitted",
             on_omitted,
+            *chosen,
             "--",
             *self.command,
         ]
@@ -98,7 +105,7 @@ class ClaudeRig:
                     "initialize", {"protocolVersion": 1, "clientCapabilities": {}}
                 )
             meta = result["agentCapabilities"]["_meta"]["acp-bridge"]
-            assert meta["adapter"] == self.adapter
+            assert meta["adapter"] == (adapter or self.adapter)
             yield Bridged(self, client)
 
 
@@ -157,44 +164,48 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[C
         yield ClaudeRig(command, adapter, tmp_path, endpoint)
 
 
-def assert_append(system: str, marker: str, *gone: str) -> None:
-    assert marker in system
-    assert PRESET_TEXT in system, "append must keep the Claude Code preset"
-    for old in gone:
-        assert old not in system
+def checker(mode: str, default: DefaultPrompt) -> Any:
+    def check(system: str, marker: str, *gone: str) -> None:
+        assert marker in system
+        share = default.share_in(system)
+        if mode == "append":
+            assert share >= KEPT_AT_LEAST, "append must keep the Claude Code preset"
+        else:
+            assert share <= GONE_AT_MOST, "override must replace the Claude Code preset"
+        for old in gone:
+            assert old not in system
 
-
-def assert_override(system: str, marker: str, *gone: str) -> None:
-    assert marker in system
-    assert PRESET_TEXT not in system, "override must replace the Claude Code preset"
-    for old in gone:
-        assert old not in system
+    return check
 
 
 async def test_append_and_override_reach_the_model_on_session_new(rig: ClaudeRig) -> None:
     async with rig.bridge() as bridged:
-        baseline = await bridged.system(await bridged.new(None))
-        assert PRESET_TEXT in baseline
+        default = DefaultPrompt.from_text(await bridged.system(await bridged.new(None)))
+        assert default.lines
         appended = await bridged.new(text_prompt("append", "MARKER-NEW-APPEND"))
-        assert_append(await bridged.system(appended), "MARKER-NEW-APPEND")
+        checker("append", default)(await bridged.system(appended), "MARKER-NEW-APPEND")
         replaced = await bridged.new(text_prompt("override", "MARKER-NEW-OVERRIDE"))
-        assert_override(await bridged.system(replaced), "MARKER-NEW-OVERRIDE")
+        checker("override", default)(await bridged.system(replaced), "MARKER-NEW-OVERRIDE")
 
 
 @pytest.mark.parametrize("mode", ["append", "override"])
 async def test_prompt_follows_the_session_through_load_resume_and_fork(
     rig: ClaudeRig, mode: str
 ) -> None:
-    check = assert_append if mode == "append" else assert_override
+    # Forced for the native release too: passed through natively, its CLI pins the first
+    # prompt of a session and a changed one on reload is ignored (docs/adapters.md).
+    adapter = "claude"
     first, changed, forked = (f"MARKER-{mode.upper()}-{n}" for n in ("ONE", "TWO", "FORK"))
-    async with rig.bridge() as bridged:
+    async with rig.bridge(adapter=adapter) as bridged:
+        default = DefaultPrompt.from_text(await bridged.system(await bridged.new(None)))
+        check = checker(mode, default)
         session = await bridged.new(text_prompt(mode, first))
         check(await bridged.system(session), first)
         # load after close, the prompt re-sent
         await bridged.close(session)
         await bridged.reopen("session/load", session, text_prompt(mode, first))
         check(await bridged.system(session), first)
-    async with rig.bridge() as bridged:  # an editor restart: same state file
+    async with rig.bridge(adapter=adapter) as bridged:  # an editor restart: same state file
         # resume with the prompt omitted: on_omitted=keep re-delivers the stored one
         await bridged.reopen("session/resume", session, None)
         check(await bridged.system(session), first)
@@ -208,11 +219,11 @@ async def test_prompt_follows_the_session_through_load_resume_and_fork(
         # fork with its own prompt
         other = await bridged.reopen("session/fork", session, text_prompt(mode, forked))
         check(await bridged.system(other), forked, changed)
-    async with rig.bridge(on_omitted="default") as bridged:
+    async with rig.bridge(on_omitted="default", adapter=adapter) as bridged:
         # omitted with on_omitted=default: the agent's own prompt, no marker
         await bridged.reopen("session/resume", session, None)
         system = await bridged.system(session)
-        assert PRESET_TEXT in system
+        assert default.share_in(system) >= KEPT_AT_LEAST
         assert changed not in system
         assert first not in system
         # and a prompt given again after that still applies (nothing pinned meanwhile)
