@@ -1,4 +1,5 @@
-"""Newline-delimited framing, sans-IO: bytes in, complete lines out, with a size limit.
+"""Newline-delimited framing, sans-IO: bytes in, complete lines out, with a size limit;
+frames out, as few newline-terminated buffers as possible.
 
 ACP v1 stdio carries one JSON-RPC message per ``\\n``-terminated line. Peers may send
 ``\\r\\n``; the ``\\r`` is not part of the frame. A line longer than the limit is not
@@ -8,12 +9,17 @@ hostile peer cannot make the bridge hold more than ``limit`` bytes of one line.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
 # Base64 images and embedded files make real ACP lines large; 64 MiB holds any frame
 # an editor sends in practice while keeping a hard bound on memory per connection.
 DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
+# A frame this large is written from its own buffer instead of being copied into a joined
+# one: the copy would cost more than the extra write. A pipe holds 64 KiB on Linux, so a
+# frame this large takes several writes anyway.
+JOIN_LIMIT: Final = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -95,3 +101,23 @@ class LineSplitter:
         elif len(data) > self.limit:
             return OverlongLine(len(data))
         return Line(data)
+
+
+def join_lines(frames: Iterable[bytes]) -> Iterator[bytes]:
+    """The frames as newline-terminated lines, in order, in as few buffers as possible.
+
+    Small frames are joined into one buffer; a frame of ``JOIN_LIMIT`` bytes or more is
+    yielded as it is (its newline starts the next buffer), so it is never copied.
+    """
+    pending: list[bytes] = []
+    for frame in frames:
+        if len(frame) >= JOIN_LIMIT:
+            if pending:
+                yield b"".join(pending)
+            yield frame
+            pending = []
+        else:
+            pending.append(frame)
+        pending.append(b"\n")
+    if pending:
+        yield b"".join(pending)

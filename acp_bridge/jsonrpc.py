@@ -116,12 +116,20 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# NaN and Infinity are Python extensions, not JSON. One decoder for every line:
+# json.loads with an option builds a new one per call, a cost on every frame relayed.
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def parse(raw: bytes) -> Frame:
     """Parse one line. Raise :class:`FrameError` with the error code the peer should get."""
     try:
-        # Strict UTF-8 (json.loads would guess UTF-16/32 and let lone surrogates through);
-        # NaN and Infinity are Python extensions, not JSON.
-        message = json.loads(raw.decode(), parse_constant=_reject_constant)
+        # Strict UTF-8 (json.loads would guess UTF-16/32 and let lone surrogates through).
+        text = raw.decode()
+        if text.startswith("\ufeff"):
+            # What json.loads says of a byte order mark (the decoder itself does not check).
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        message = _DECODER.decode(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError(PARSE_ERROR, f"The line is not valid JSON: {exc}.") from None
     except RecursionError:

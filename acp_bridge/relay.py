@@ -5,6 +5,10 @@ the pending-request tables of both directions, the id translation that keeps the
 own requests (and several agent processes) from colliding with ids in flight, and the
 shutdown sequence. Frames nobody needs to change travel as the bytes they arrived as.
 
+Writes are batched: a pump queues every frame one read produced and writes them with one
+flush before it reads again (so a slow peer still holds the pump back); everything else
+the bridge writes is queued behind them and flushed at once, so nothing overtakes.
+
 Id rules (spec §2): a peer's id is kept as it is unless it is already in flight on the
 connection it goes to; only then is it replaced by a fresh ``acp-bridge-N`` id, and the
 replacement is undone on the response and applied to ``$/cancel_request``.
@@ -33,7 +37,7 @@ from acp_bridge.adapter import (
     describe_exit,
 )
 from acp_bridge.agent_process import AgentProcess
-from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter
+from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter, join_lines
 from acp_bridge.jsonrpc import (
     CANCEL_REQUEST,
     Frame,
@@ -97,27 +101,74 @@ class Forwarded:
     waiter: trio.MemorySendChannel[Frame | AgentExited] | None = None
 
 
+class Outbox:
+    """The frames on their way to one peer, written in the order they were queued.
+
+    Everything the bridge sends to a peer goes through its one outbox, so frames relayed
+    untouched and frames the bridge writes itself cannot overtake each other.
+    """
+
+    def __init__(self, stream: trio.abc.SendStream) -> None:
+        self.stream = stream
+        self._frames: list[bytes] = []
+        # One writer at a time; the frames are taken only while holding it, so the order
+        # of writes is the order of queueing.
+        self._lock = trio.Lock()
+
+    def queue(self, raw: bytes) -> None:
+        self._frames.append(raw)
+
+    async def flush(self) -> None:
+        """Write the queued frames; when it returns they are written or being written.
+
+        With nothing queued it returns at once, even while another task writes: a pump
+        must never wait for a write it did not ask for. Stream errors propagate and the
+        frames taken are dropped.
+        """
+        if not self._frames:
+            return
+        try:
+            self._lock.acquire_nowait()  # the usual case, without a trip to the scheduler
+        except trio.WouldBlock:
+            await self._lock.acquire()
+        try:
+            frames, self._frames = self._frames, []
+            for buffer in join_lines(frames):
+                await self.stream.send_all(buffer)
+        finally:
+            self._lock.release()
+
+
 class ClientSide:
-    """Writes to the client; one writer at a time, nothing but ACP frames."""
+    """Writes to the client: nothing but ACP frames."""
 
     def __init__(self, stream: trio.abc.SendStream, tracer: Tracer) -> None:
-        self.stream = stream
+        self.outbox = Outbox(stream)
         self.tracer = tracer
-        self.lock = trio.Lock()
         self.gone = False
         self.went_away = trio.Event()  # set when a write fails: nobody reads our stdout
 
-    async def send_raw(self, raw: bytes, message: Any = None) -> None:
+    def queue_raw(self, raw: bytes, message: Any = None) -> None:
         if self.gone:
             return
         self.tracer.record("agent->client", raw, message)
-        async with self.lock:
-            try:
-                await self.stream.send_all(raw + b"\n")
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        self.outbox.queue(raw)
+
+    def queue(self, message: JsonObject) -> None:
+        self.queue_raw(jsonrpc.encode(message), message)
+
+    async def flush(self) -> None:
+        try:
+            await self.outbox.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            if not self.gone:
                 self.gone = True
                 self.went_away.set()
                 log.info("the client went away")
+
+    async def send_raw(self, raw: bytes, message: Any = None) -> None:
+        self.queue_raw(raw, message)
+        await self.flush()
 
     async def send(self, message: JsonObject) -> None:
         await self.send_raw(jsonrpc.encode(message), message)
@@ -137,7 +188,7 @@ class AgentConnection:
         self.closed = False
         self.done = trio.Event()
         self.read_scope: trio.CancelScope | None = None  # the pending read of stdout
-        self._lock = trio.Lock()
+        self.outbox = Outbox(process.stdin)
         self._ids = itertools.count(1)
 
     def in_flight(self, request_id: RequestId) -> bool:
@@ -149,13 +200,22 @@ class AgentConnection:
             if not self.in_flight(candidate):
                 return candidate
 
-    async def send_raw(self, raw: bytes, message: Any = None) -> None:
+    def queue_raw(self, raw: bytes, message: Any = None) -> None:
         self.bridge.tracer.record(f"bridge->{self.name}", raw, message)
-        async with self._lock:
-            try:
-                await self.process.stdin.send_all(raw + b"\n")
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                log.debug("%s: write failed; the agent is gone", self.name)
+        self.outbox.queue(raw)
+
+    def queue(self, message: Any) -> None:
+        self.queue_raw(jsonrpc.encode(message), message)
+
+    async def flush(self) -> None:
+        try:
+            await self.outbox.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            log.debug("%s: write failed; the agent is gone", self.name)
+
+    async def send_raw(self, raw: bytes, message: Any = None) -> None:
+        self.queue_raw(raw, message)
+        await self.flush()
 
     async def send(self, message: Any) -> None:
         await self.send_raw(jsonrpc.encode(message), message)
@@ -229,7 +289,8 @@ class Call:
         original = self.frame.params
         message = None if self.params == original else {**self.frame.message, "params": self.params}
         send, receive = trio.open_memory_channel[Frame | AgentExited](1)
-        wire_id = await self.bridge.forward_request(target, self.frame, message, waiter=send)
+        wire_id = self.bridge.forward_request(target, self.frame, message, waiter=send)
+        await target.flush()
         self._started()
         answer = await receive.receive()
         if isinstance(answer, AgentExited):
@@ -411,7 +472,7 @@ class Bridge:
                 if isinstance(item, Line):
                     await self._from_client(item.data)
                 else:
-                    await self.client.send(
+                    self.client.queue(
                         jsonrpc.error_response(
                             None,
                             jsonrpc.INVALID_REQUEST,
@@ -419,10 +480,17 @@ class Bridge:
                             f"{splitter.limit} bytes.",
                         )
                     )
+            await self._flush_client_pump()
             if not data:
                 log.debug("client closed its input")
                 await self._shutdown(self._status_after_client_left)
                 return
+
+    async def _flush_client_pump(self) -> None:
+        """Write what the client pump queued, to every peer, before it reads or waits again."""
+        await self.client.flush()
+        for link in tuple(self.links):
+            await link.flush()
 
     def _status_after_client_left(self) -> int:
         """The agent's own status if it ended by itself on EOF, else 0: we stopped it."""
@@ -438,17 +506,17 @@ class Bridge:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
             self.tracer.record("client->bridge", raw, None)
-            await self.client.send(jsonrpc.error_response(exc.request_id, exc.code, exc.message))
+            self.client.queue(jsonrpc.error_response(exc.request_id, exc.code, exc.message))
             return
         self.tracer.record("client->bridge", raw, frame.message)
         if frame.kind is Kind.REQUEST:
             await self._client_request(frame)
         elif frame.kind is Kind.NOTIFICATION:
-            await self._client_notification(frame)
+            self._client_notification(frame)
         elif frame.kind is Kind.RESPONSE:
-            await self._client_response(frame)
+            self._client_response(frame)
         else:
-            await self._client_batch(frame)
+            self._client_batch(frame)
 
     def _intercepts(self, method: str | None) -> bool:
         if method == "initialize":
@@ -463,14 +531,19 @@ class Bridge:
         if frame.method in HOOKS and self.initialize_params is not None:
             # A client that pipelines session/new behind initialize must not slip past
             # validation while the adapter is still being chosen; hold it until then.
+            if not self._initialized.is_set():
+                await self._flush_client_pump()  # what came before it need not wait
             await self._initialized.wait()
         if self._intercepts(frame.method) and isinstance(frame.params, dict):
             assert self._nursery is not None
+            # A handler may take long before it forwards (starting an agent, say): what the
+            # client sent before this request goes out first.
+            await self._flush_client_pump()
             # Wait until the handler has forwarded (or answered) so later client frames,
             # such as a session/cancel, cannot overtake the request they refer to.
             await self._nursery.start(self._intercept, frame)
             return
-        await self.forward_request(self._route(frame), frame, None)
+        self.forward_request(self._route(frame), frame, None)
 
     def _route(self, frame: Frame) -> AgentConnection:
         if self.adapter is not None:
@@ -479,7 +552,7 @@ class Bridge:
                 return link
         return self.primary
 
-    async def forward_request(
+    def forward_request(
         self,
         link: AgentConnection,
         frame: Frame,
@@ -487,7 +560,7 @@ class Bridge:
         *,
         waiter: trio.MemorySendChannel[Frame | AgentExited] | None = None,
     ) -> RequestId:
-        """Send a client request to an agent, translating its id only on collision."""
+        """Queue a client request to an agent, translating its id only on collision."""
         client_id = frame.id
         wire_id = link.fresh_id() if link.in_flight(client_id) else client_id
         if link.closed:
@@ -495,24 +568,24 @@ class Bridge:
             if waiter is not None:
                 waiter.send_nowait(exited)
             else:
-                await self._fail_client_request(client_id, exited)
+                self._fail_client_request(client_id, exited)
             return wire_id
         link.forwarded[wire_id] = Forwarded(client_id, frame.method, waiter)
         self.client_requests[client_id] = (link, wire_id)
         if message is None and wire_id == client_id:
-            await link.send_raw(frame.raw, frame.message)
+            link.queue_raw(frame.raw, frame.message)
         else:
-            await link.send({**(message or frame.message), "id": wire_id})
+            link.queue({**(message or frame.message), "id": wire_id})
         return wire_id
 
-    async def _fail_client_request(self, client_id: RequestId, exited: AgentExited) -> None:
-        await self.client.send(
+    def _fail_client_request(self, client_id: RequestId, exited: AgentExited) -> None:
+        self.client.queue(
             jsonrpc.error_response(
                 client_id, jsonrpc.INTERNAL_ERROR, str(exited), {"exitStatus": exited.status}
             )
         )
 
-    async def _client_notification(self, frame: Frame) -> None:
+    def _client_notification(self, frame: Frame) -> None:
         params = frame.params
         if (
             frame.method == CANCEL_REQUEST
@@ -523,27 +596,27 @@ class Bridge:
             if target is not None:
                 link, wire_id = target
                 if wire_id == params.get("requestId"):
-                    await link.send_raw(frame.raw, frame.message)
+                    link.queue_raw(frame.raw, frame.message)
                 else:
                     changed = {**params, "requestId": wire_id}
-                    await link.send({**frame.message, "params": changed})
+                    link.queue({**frame.message, "params": changed})
                 return
-        await self._route(frame).send_raw(frame.raw, frame.message)
+        self._route(frame).queue_raw(frame.raw, frame.message)
 
-    async def _client_response(self, frame: Frame) -> None:
+    def _client_response(self, frame: Frame) -> None:
         target = self.agent_requests.pop(frame.id, None)
         if target is None:
             log.debug("client answered unknown request id %r; passing it to the agent", frame.id)
-            await self.primary.send_raw(frame.raw, frame.message)
+            self.primary.queue_raw(frame.raw, frame.message)
             return
         link, agent_id = target
         self.agent_request_ids.pop((id(link), agent_id), None)
         if agent_id == frame.id:
-            await link.send_raw(frame.raw, frame.message)
+            link.queue_raw(frame.raw, frame.message)
         else:
-            await link.send({**frame.message, "id": agent_id})
+            link.queue({**frame.message, "id": agent_id})
 
-    async def _client_batch(self, frame: Frame) -> None:
+    def _client_batch(self, frame: Frame) -> None:
         """v2 batches pass through; lifecycle methods must not be batched (v2 transports)."""
         members = frame.message
         intercepted = [
@@ -560,7 +633,7 @@ class Bridge:
                 if isinstance(m, dict) and "id" in m and "method" in m
             ]
             if errors:
-                await self.client.send_raw(jsonrpc.encode(errors), errors)
+                self.client.queue_raw(jsonrpc.encode(errors), errors)
             return
         for member in members:
             if not isinstance(member, dict) or not is_request_id(member.get("id")):
@@ -569,7 +642,7 @@ class Bridge:
                 self.primary.forwarded[member["id"]] = Forwarded(member["id"], member["method"])
             elif "method" not in member and "id" in member:
                 self.agent_requests.pop(member["id"], None)
-        await self.primary.send_raw(frame.raw, frame.message)
+        self.primary.queue_raw(frame.raw, frame.message)
 
     # ------------------------------------------------------------- agent side
 
@@ -609,11 +682,13 @@ class Bridge:
             items = splitter.feed(data) if data else splitter.close()
             for item in items:
                 if isinstance(item, Line):
-                    await self._from_agent(link, item.data)
+                    self._from_agent(link, item.data)
                 else:
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
+            # An agent pump writes only to the client.
+            await self.client.flush()
             if not data:
                 break
         await self._agent_gone(link)
@@ -630,7 +705,8 @@ class Bridge:
             describe_exit(link.exit_status),
         )
         for orphan in link.fail_all():
-            await self._fail_client_request(orphan.client_id, AgentExited(link.exit_status))
+            self._fail_client_request(orphan.client_id, AgentExited(link.exit_status))
+        await self.client.flush()
         for client_id, (other, _) in list(self.client_requests.items()):
             if other is link:
                 del self.client_requests[client_id]
@@ -639,7 +715,7 @@ class Bridge:
             status = exit_status(link.exit_status)
             await self._shutdown(lambda: status)
 
-    async def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
+    def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
         if not raw.strip():
             return
         try:
@@ -650,15 +726,15 @@ class Bridge:
             return
         self.tracer.record(f"{link.name}->bridge", raw, frame.message)
         if frame.kind is Kind.RESPONSE:
-            await self._agent_response(link, frame)
+            self._agent_response(link, frame)
         elif frame.kind is Kind.REQUEST:
-            await self._agent_request(link, frame)
+            self._agent_request(link, frame)
         elif frame.kind is Kind.NOTIFICATION:
-            await self._agent_notification(link, frame)
+            self._agent_notification(link, frame)
         else:
-            await self._agent_batch(link, frame)
+            self._agent_batch(link, frame)
 
-    async def _agent_response(self, link: AgentConnection, frame: Frame) -> None:
+    def _agent_response(self, link: AgentConnection, frame: Frame) -> None:
         wire_id = frame.id
         own = link.own.pop(wire_id, None)
         if own is not None:
@@ -667,18 +743,18 @@ class Bridge:
         pending = link.forwarded.pop(wire_id, None)
         if pending is None:
             log.debug("%s: response to unknown id %r passed through", link.name, wire_id)
-            await self.client.send_raw(frame.raw, frame.message)
+            self.client.queue_raw(frame.raw, frame.message)
             return
         if self.client_requests.get(pending.client_id) == (link, wire_id):
             del self.client_requests[pending.client_id]
         if pending.waiter is not None:
             pending.waiter.send_nowait(frame)
         elif wire_id == pending.client_id:
-            await self.client.send_raw(frame.raw, frame.message)
+            self.client.queue_raw(frame.raw, frame.message)
         else:
-            await self.client.send({**frame.message, "id": pending.client_id})
+            self.client.queue({**frame.message, "id": pending.client_id})
 
-    async def _agent_request(self, link: AgentConnection, frame: Frame) -> None:
+    def _agent_request(self, link: AgentConnection, frame: Frame) -> None:
         agent_id = frame.id
         client_id: RequestId = agent_id
         while client_id in self.agent_requests:
@@ -686,11 +762,11 @@ class Bridge:
         self.agent_requests[client_id] = (link, agent_id)
         self.agent_request_ids[(id(link), agent_id)] = client_id
         if client_id == agent_id:
-            await self.client.send_raw(frame.raw, frame.message)
+            self.client.queue_raw(frame.raw, frame.message)
         else:
-            await self.client.send({**frame.message, "id": client_id})
+            self.client.queue({**frame.message, "id": client_id})
 
-    async def _agent_notification(self, link: AgentConnection, frame: Frame) -> None:
+    def _agent_notification(self, link: AgentConnection, frame: Frame) -> None:
         params = frame.params
         if (
             frame.method == CANCEL_REQUEST
@@ -700,11 +776,11 @@ class Bridge:
             client_id = self.agent_request_ids.get((id(link), params.get("requestId")))
             if client_id is not None and client_id != params.get("requestId"):
                 changed = {**params, "requestId": client_id}
-                await self.client.send({**frame.message, "params": changed})
+                self.client.queue({**frame.message, "params": changed})
                 return
-        await self.client.send_raw(frame.raw, frame.message)
+        self.client.queue_raw(frame.raw, frame.message)
 
-    async def _agent_batch(self, link: AgentConnection, frame: Frame) -> None:
+    def _agent_batch(self, link: AgentConnection, frame: Frame) -> None:
         for member in frame.message:
             if not isinstance(member, dict) or "id" not in member:
                 continue
@@ -716,7 +792,7 @@ class Bridge:
                 pending = link.forwarded.pop(member["id"], None)
                 if pending is not None:
                     self.client_requests.pop(pending.client_id, None)
-        await self.client.send_raw(frame.raw, frame.message)
+        self.client.queue_raw(frame.raw, frame.message)
 
     # ------------------------------------------------------- intercepted calls
 

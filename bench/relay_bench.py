@@ -5,7 +5,8 @@
 Runs ``bench/echo_agent.py`` twice in the same run, once directly and once behind
 ``python -m acp_bridge --adapter passthrough``, drives both with the same blocking client
 and prints each figure with its ratio (bridged / direct). Not a test: numbers depend on
-the machine; compare them within one run.
+the machine; compare them within one run. Every figure but the first is taken after the
+peer has answered once, so the bridge's start-up is not counted in it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Peer:
     """A blocking line-oriented connection to an agent process (or a bridge in front of one)."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.started = time.perf_counter()
         self.process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0
         )
@@ -55,6 +57,11 @@ class Peer:
         self.process.wait(timeout=30)
 
 
+def first_answer(peer: Peer) -> float:
+    peer.call("bench/echo")
+    return (time.perf_counter() - peer.started) * 1000
+
+
 def latency(peer: Peer, round_trips: int) -> list[float]:
     params = b'{"sessionId":"s","prompt":[{"type":"text","text":"hello"}]}'
     for _ in range(50):  # warm up
@@ -69,6 +76,7 @@ def latency(peer: Peer, round_trips: int) -> list[float]:
 
 def notifications_to_agent(peer: Peer, count: int) -> float:
     note = b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s","_meta":{}}}\n'
+    peer.call("bench/count")  # up and running; counting starts from zero
     start = time.perf_counter()
     peer.stdin.write(note * count)
     answer = json.loads(peer.call("bench/count"))
@@ -78,6 +86,7 @@ def notifications_to_agent(peer: Peer, count: int) -> float:
 
 
 def notifications_to_client(peer: Peer, count: int) -> float:
+    peer.call("bench/echo")  # up and running
     start = time.perf_counter()
     peer.stdin.write(peer.request_line("bench/flood", b'{"count":%d}' % count))
     for _ in range(count + 1):
@@ -123,6 +132,10 @@ def main() -> None:
             return {name: run(argv, env, measure) for name, argv in paths.items()}
 
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+        start = both(first_answer)
+        d, b = float(start["direct"]), float(start["bridge"])  # type: ignore[arg-type]
+        print(f"start to first answer: direct {d:8.1f} ms   bridge {b:8.1f} ms   "
+              f"ratio {b / d:.2f}x")  # fmt: skip
         lat = both(lambda p: latency(p, args.round_trips))
         direct, bridge = sorted(lat["direct"]), sorted(lat["bridge"])  # type: ignore[arg-type]
         p99 = int(len(direct) * 0.99)

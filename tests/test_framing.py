@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter, OverlongLine
+from acp_bridge.framing import (
+    DEFAULT_LINE_LIMIT,
+    JOIN_LIMIT,
+    Line,
+    LineSplitter,
+    OverlongLine,
+    join_lines,
+)
 
 
 def feed_all(splitter: LineSplitter, *chunks: bytes) -> list[Line | OverlongLine]:
@@ -118,3 +125,18 @@ def test_limit_must_be_positive() -> None:
 
 def test_default_limit_is_64_mib() -> None:
     assert LineSplitter().limit == DEFAULT_LINE_LIMIT == 64 * 1024 * 1024
+
+
+def test_small_frames_are_written_as_one_buffer() -> None:
+    assert list(join_lines([b"a", b"bc", b"d"])) == [b"a\nbc\nd\n"]
+
+
+def test_large_frame_is_written_from_its_own_buffer_in_order() -> None:
+    large = b"x" * JOIN_LIMIT
+    buffers = list(join_lines([b"a", large, b"b", large]))
+    assert buffers == [b"a\n", large, b"\nb\n", large, b"\n"]
+    assert buffers[1] is large  # not copied
+
+
+def test_no_frames_write_nothing() -> None:
+    assert list(join_lines([])) == []
