@@ -75,7 +75,9 @@ def test_claude_preset_runs_the_native_package(no_user_file: dict[str, str]) -> 
         "-y",
         "@agentclientprotocol/claude-agent-acp@0.101.0",
     ]
-    assert claude.adapter == "auto"
+    # Native, but its CLI pins prompts: the claude adapter's `snapshot: false` keeps a
+    # changed prompt applicable on reload.
+    assert claude.adapter == "claude"
     assert claude.env == {}
     verify = verify_of(claude)
     assert verify.endpoint == "anthropic"
