@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -114,8 +115,11 @@ class VerifyPlan:
     state: str
 
 
+_STARTED = time.monotonic()
+
+
 def progress(message: str) -> None:
-    click.echo(f"verify: {message}", err=True)
+    click.echo(f"verify [{time.monotonic() - _STARTED:6.1f}s] {message}", err=True)
 
 
 # ------------------------------------------------------------------------------------
