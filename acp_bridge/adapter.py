@@ -177,6 +177,16 @@ class Adapter:
         """What can be delivered to this agent; ``None``: advertise and intercept nothing."""
         return Delivery()
 
+    @classmethod
+    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+        """What of ``prompt`` cannot reach the model when a session that ran with
+        ``previous`` is loaded or resumed with it: one sentence per documented limit.
+
+        The adapter logs these when they happen; ``verify`` expects them instead of
+        reporting a failure.
+        """
+        return []
+
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
         """Change what the agent advertises beyond systemPrompt (e.g. a method it really has)."""
         return initialize_result

@@ -37,10 +37,11 @@ from acp_bridge.client import AcpClient, ClientRequestError, ConnectionLost
 from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
-from acp_bridge.registry import AdapterRegistry
+from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 from acp_bridge.relay import BridgeOptions
 from acp_bridge.settings import ConfigError, expand
 from acp_bridge.store import SessionStore
+from acp_bridge.system_prompt import SystemPrompt
 
 Flavour = Literal["anthropic", "openai-chat", "openai-responses"]
 FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses")
@@ -56,7 +57,8 @@ MIN_SIGNATURE_LINE: Final = 20
 KEPT_AT_LEAST: Final = 0.7
 GONE_AT_MOST: Final = 0.3
 
-Status = Literal["PASS", "FAIL", "SKIP"]
+# LIMIT: the adapter documents that this step cannot reach the model (RFD: SHOULD apply).
+Status = Literal["PASS", "FAIL", "SKIP", "LIMIT"]
 
 
 @dataclass
@@ -256,9 +258,17 @@ class VerifyRun:
         expect: Expect,
         names: dict[str, str],
         action: Any,
+        *,
+        limits: Sequence[str] = (),
     ) -> Session | None:
-        """Run ``action`` (returns a Session), prompt it, and record a row."""
+        """Run ``action`` (returns a Session), prompt it, and record a row.
+
+        With ``limits`` (the adapter's documented reasons this step cannot fully apply),
+        the call must still succeed, and the row shows what the model got as LIMIT.
+        """
         row = Row(step, mode, expect.describe(names))
+        if limits:
+            row.expectation = "documented limit: " + "; ".join(limits)
         self.rows.append(row)
         progress(f"{step} [{mode}]")
         try:
@@ -269,7 +279,22 @@ class VerifyRun:
             row.observed = f"error: {_describe_error(exc)}"
             return None
         self.check(row, request, expect)
+        if limits:
+            row.status = "LIMIT"
         return session
+
+    def limits(
+        self, agent: Agent, previous: JsonObject | None, wanted: JsonObject | None
+    ) -> list[str]:
+        """The adapter's documented limits for reopening a session with another prompt."""
+        try:
+            adapter = self.plan.registry.get(agent.adapter)
+        except AdapterNotFound:
+            return []
+        return adapter.reopen_limits(
+            SystemPrompt.from_wire(previous) if previous else None,
+            SystemPrompt.from_wire(wanted) if wanted else None,
+        )
 
     def skip(self, step: str, mode: str, reason: str) -> None:
         self.rows.append(Row(step, mode, "-", reason, "SKIP"))
@@ -434,6 +459,7 @@ class VerifyRun:
             expect,
             self._names(marker=new, previous=old),
             lambda: self._reopen(client, method, session_id, system_prompt(mode, new)),
+            limits=self.limits(agent, system_prompt(mode, old), system_prompt(mode, new)),
         )
 
     async def _fork(self, client: AcpClient, agent: Agent, mode: str, session_id: str) -> None:
@@ -474,6 +500,7 @@ class VerifyRun:
             expect,
             self._names(previous=old),
             lambda: self._reopen(client, method, session_id, None),
+            limits=self.limits(agent, system_prompt(mode, old), None),
         )
 
 
@@ -503,8 +530,12 @@ def format_table(rows: Sequence[Row]) -> str:
     passed = sum(r.status == "PASS" for r in rows)
     failed = sum(r.status == "FAIL" for r in rows)
     skipped = sum(r.status == "SKIP" for r in rows)
+    limited = sum(r.status == "LIMIT" for r in rows)
     lines.append("")
-    lines.append(f"{passed} passed, {failed} failed, {skipped} skipped")
+    summary = f"{passed} passed, {failed} failed, {skipped} skipped"
+    if limited:
+        summary += f", {limited} at a documented limit of the agent"
+    lines.append(summary)
     return "\n".join(lines)
 
 

@@ -146,6 +146,10 @@ class CodexAdapter(Adapter):
     name = "codex"
     description = "codex-acp: one process per distinct prompt, sessions routed by id"
 
+    @classmethod
+    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+        return reopen_effect(previous, prompt)
+
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
         try:
@@ -387,7 +391,7 @@ class CodexAdapter(Adapter):
         try:
             if session_id is not None:
                 await self._close_elsewhere(session_id, pooled)
-            for problem in reopen_effect(call.previous, call.prompt):
+            for problem in self.reopen_limits(call.previous, call.prompt):
                 self.log.warning("%s of session %s: %s", call.method, session_id, problem)
             reply = await call.forward(pooled.link)
             if reply.ok and session_id is not None:
