@@ -48,6 +48,7 @@ def test_documented_limit_rows_are_shown_and_do_not_fail_the_run() -> None:
 def test_codex_declares_its_reopen_limits_and_other_adapters_none() -> None:
     from acp_bridge.adapters.codex import CodexAdapter
     from acp_bridge.adapters.goose import GooseAdapter
+
     from acp_bridge.system_prompt import SystemPrompt
 
     old = SystemPrompt.of_text("append", "OLD")
