@@ -331,6 +331,8 @@ class Bridge:
         self.adapter: Adapter | None = None
         self.delivery: Delivery | None = None
         self.links: list[AgentConnection] = []
+        # Every process this connection started, attached or not: shutdown stops them all.
+        self.processes: list[AgentProcess] = []
         self._primary: AgentConnection | None = None
         self._primary_process: AgentProcess | None = None
         # Agent->client requests in flight: client-facing id -> (connection, agent's id).
@@ -357,6 +359,7 @@ class Bridge:
         self._primary_process = await AgentProcess.start(
             self.options.agent_argv, extra_env=self.options.agent_env
         )
+        self.processes.append(self._primary_process)
 
     async def run(self, *, watch_signals: bool = True) -> int:
         """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
@@ -393,9 +396,12 @@ class Bridge:
         self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
     ) -> AgentConnection:
         """Start another process of the agent and replay the client's initialize to it."""
+        if self._stopping:
+            raise AgentExited(None)
         argv = [*self.options.agent_argv, *extra_args]
         env = {**self.options.agent_env, **(extra_env or {})}
         process = await AgentProcess.start(argv, extra_env=env)
+        self.processes.append(process)
         link = self._attach(process, f"agent-{len(self.links)}")
         try:
             if self.initialize_params is not None:
@@ -440,9 +446,13 @@ class Bridge:
             return
         self._stopping = True
         with trio.CancelScope(shield=True):
-            async with trio.open_nursery() as nursery:
-                for link in self.links:
-                    nursery.start_soon(link.process.stop, self.options.shutdown_grace)
+            stopped: set[int] = set()
+            # A process started while others were stopping is stopped in the next round.
+            while pending := [p for p in self.processes if id(p) not in stopped]:
+                stopped.update(id(p) for p in pending)
+                async with trio.open_nursery() as nursery:
+                    for process in pending:
+                        nursery.start_soon(process.stop, self.options.shutdown_grace)
             self._exit_status = status()
         self._finished.set()
 
@@ -691,7 +701,6 @@ class Bridge:
             await self.client.flush()
             if not data:
                 break
-        await self._agent_gone(link)
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -106,7 +107,7 @@ def test_trace_records_every_frame_with_prompt_text_redacted(tmp_path: Path) -> 
 
 
 def test_redact_keeps_everything_but_prompt_text() -> None:
-    message = {
+    message: dict[str, Any] = {
         "method": "session/load",
         "params": {
             "sessionId": "s",
