@@ -7,6 +7,7 @@ fd 1 is pointed at stderr, so a stray print from any library cannot corrupt the 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -28,20 +29,35 @@ from acp_bridge.sessions_cli import sessions
 from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
 from acp_bridge.store import SessionStore, StoreError
 from acp_bridge.trace import Tracer
-from acp_bridge.verify import command as verify_command
 
 log = logging.getLogger("acp_bridge")
+
+
+# Commands whose modules are imported only when used: an editor starting the bridge
+# should not pay for the model endpoint and the verify driver.
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {"verify": ("acp_bridge.verify", "command")}
 
 
 class BridgeGroup(click.Group):
     """A group whose default command is ``run``: ``acp-bridge -- agent`` needs no verb."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        known = {*self.commands, *LAZY_COMMANDS}
+        if args and args[0] not in known and args[0] not in ("--help", "-h", "--version"):
             args = ["run", *args]
         elif not args:
             args = ["run"]
         return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module_name, factory = LAZY_COMMANDS[cmd_name]
+            module = importlib.import_module(module_name)
+            self.add_command(getattr(module, factory)(), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 @dataclass(frozen=True)
@@ -315,6 +331,3 @@ def serve(agent_cmd: tuple[str, ...], listen: str, token: str | None, **common: 
         raise click.ClickException(f"cannot listen on {address}: {exc}") from exc
     finally:
         store.close()
-
-
-main.add_command(verify_command())

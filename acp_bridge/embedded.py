@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
-import trio.testing
 
 from acp_bridge.client import AcpClient, connect
 from acp_bridge.lifecycle import Lifecycle
@@ -34,7 +33,11 @@ async def open_embedded_bridge(
     registry: AdapterRegistry | None = None,
 ) -> AsyncIterator[EmbeddedBridge]:
     """Start the agent behind a bridge; on exit close the client side and wait for shutdown."""
-    client_stream, bridge_stream = trio.testing.memory_stream_pair()
+    client_socket, bridge_socket = trio.socket.socketpair()
+    client_stream, bridge_stream = (
+        trio.SocketStream(client_socket),
+        trio.SocketStream(bridge_socket),
+    )
     lifecycle = Lifecycle(store, options.agent_argv[0])
     bridge = Bridge(options, bridge_stream, bridge_stream, lifecycle, registry=registry)
     await bridge.start_agent()  # outside the nursery, so a start failure is a plain error
