@@ -367,7 +367,12 @@ class CodexAdapter(Adapter):
             pooled.sessions.discard(session_id)
             self._touch(pooled)
 
-    async def session_new(self, call: LifecycleCall) -> Reply:
+    async def _open(self, call: LifecycleCall) -> Reply:
+        """session/new, session/fork: the new session lives in its prompt's process.
+
+        codex-acp 0.16 has no fork; should a later one have it, the fork belongs with its
+        prompt like any new session.
+        """
         try:
             pooled = await self._process_for(call.prompt)
         except CodexStartError as exc:
@@ -380,6 +385,9 @@ class CodexAdapter(Adapter):
             return reply
         finally:
             self._release(pooled)
+
+    session_new = _open
+    session_fork = _open
 
     async def _reopen(self, call: LifecycleCall) -> Reply:
         """session/load, session/resume: open the session in its prompt's process."""
@@ -417,22 +425,6 @@ class CodexAdapter(Adapter):
             self.log.warning(
                 "closing session %s in %s failed: %s", session_id, current.link.name, exc
             )
-
-    async def session_fork(self, call: LifecycleCall) -> Reply:
-        # codex-acp 0.16 has no fork; should a later one have it, the fork belongs with
-        # its prompt like any new session.
-        try:
-            pooled = await self._process_for(call.prompt)
-        except CodexStartError as exc:
-            return exc.reply()
-        try:
-            reply = await call.forward(pooled.link)
-            new_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
-            if reply.ok and isinstance(new_id, str):
-                self._hold(new_id, pooled)
-            return reply
-        finally:
-            self._release(pooled)
 
     async def _end(self, call: LifecycleCall) -> Reply:
         """session/close, session/delete: the routed process answers; forget the session."""

@@ -125,21 +125,16 @@ class GooseAdapter(Adapter):
     # ------------------------------------------------------------------ lifecycle
 
     async def session_new(self, call: LifecycleCall) -> Reply:
-        refused = self._refuse_blank_override(call.prompt)
-        if refused is not None:
-            return refused
-        reply = await call.forward()
-        session_id = _new_session_id(reply)
-        if session_id is None or call.prompt is None:
-            return reply
-        try:
-            await self._apply(call, session_id, call.prompt)
-        except GoosePromptRefused as refused_by_goose:
-            await self._discard(call, session_id, delete=True)
-            return refused_by_goose.reply("no session was created")
-        return reply
+        return await self._open(call, outcome="no session was created")
 
     async def session_fork(self, call: LifecycleCall) -> Reply:
+        return await self._open(call, outcome="the session was not forked")
+
+    async def _open(self, call: LifecycleCall, *, outcome: str) -> Reply:
+        """session/new, session/fork: a session goose just made gets the prompt, or is deleted.
+
+        ``outcome`` is what the client is told happened when goose refuses the prompt.
+        """
         refused = self._refuse_blank_override(call.prompt)
         if refused is not None:
             return refused
@@ -151,7 +146,7 @@ class GooseAdapter(Adapter):
             await self._apply(call, session_id, call.prompt)
         except GoosePromptRefused as refused_by_goose:
             await self._discard(call, session_id, delete=True)
-            return refused_by_goose.reply("the session was not forked")
+            return refused_by_goose.reply(outcome)
         return reply
 
     async def session_load(self, call: LifecycleCall) -> Reply:
