@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -233,3 +233,32 @@ async def bridge_process(
     argv = [sys.executable, "-m", "acp_bridge", *options, "--", *agent.argv()]
     async with spawn_bridge(argv, bridge_env(home)) as (client, _process):
         yield Peer(client, version)
+
+
+@dataclass
+class Restart:
+    """Two ``bridge_process`` runs, one after the other, keeping sessions in one state file.
+
+    ``first`` is the fake agent before the restart and ``second`` the one after it, so a test
+    can tell what each bridge process sent. Each peer comes already initialized.
+    """
+
+    home: Path
+    caps: JsonObject = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.state = str(self.home / "state.db")
+        self.first = FakeAgent(self.home / "first.jsonl", caps=self.caps)
+        self.second = FakeAgent(self.home / "second.jsonl", caps=self.caps)
+
+    def before(self) -> AbstractAsyncContextManager[Peer]:
+        return self._bridge(self.first)
+
+    def after(self) -> AbstractAsyncContextManager[Peer]:
+        return self._bridge(self.second)
+
+    @asynccontextmanager
+    async def _bridge(self, agent: FakeAgent) -> AsyncIterator[Peer]:
+        async with bridge_process(agent, "--state", self.state, home=self.home) as peer:
+            await peer.initialize()
+            yield peer

@@ -13,8 +13,8 @@ from harness import (
     AGENT_NAME,
     TIMEOUT,
     FakeAgent,
+    Restart,
     bridge_in_process,
-    bridge_process,
     fingerprint,
     joined,
     wire_prompt,
@@ -89,44 +89,40 @@ def test_fingerprint_includes_the_mode() -> None:
     assert fingerprint("x") != fingerprint("x", mode="override")
 
 
+async def prompted_before_restart(restart: Restart) -> str:
+    """A session with PROMPT that had one turn in the bridge process before the restart."""
+    async with restart.before() as peer:
+        sid = await peer.new(wire_prompt(*PROMPT))
+        await peer.prompt(sid)
+    return sid
+
+
 async def test_not_delivered_again_after_restart_and_load_with_same_prompt(
     tmp_path: Path,
 ) -> None:
-    state = str(tmp_path / "state.db")
-    first = FakeAgent(tmp_path / "first.jsonl")
-    second = FakeAgent(tmp_path / "second.jsonl")
+    restart = Restart(tmp_path)
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(first, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
-            sid = await peer.new(wire_prompt(*PROMPT))
-            await peer.prompt(sid)
-        async with bridge_process(second, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        sid = await prompted_before_restart(restart)
+        async with restart.after() as peer:
             await peer.load(sid, wire_prompt(*PROMPT))
             await peer.prompt(sid)
             await peer.load(sid)
             await peer.prompt(sid)
-    assert deliveries(first, sid, *PROMPT) == 1
-    assert deliveries(second, sid, *PROMPT) == 0
-    with SessionStore(state) as store:
+    assert deliveries(restart.first, sid, *PROMPT) == 1
+    assert deliveries(restart.second, sid, *PROMPT) == 0
+    with SessionStore(restart.state) as store:
         record = store.get(AGENT_NAME, sid)
     assert record is not None and record.delivered == fingerprint(*PROMPT)
 
 
 async def test_changed_prompt_after_restart_is_delivered(tmp_path: Path) -> None:
-    state = str(tmp_path / "state.db")
-    first = FakeAgent(tmp_path / "first.jsonl")
-    second = FakeAgent(tmp_path / "second.jsonl")
+    restart = Restart(tmp_path)
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(first, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
-            sid = await peer.new(wire_prompt(*PROMPT))
-            await peer.prompt(sid)
-        async with bridge_process(second, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        sid = await prompted_before_restart(restart)
+        async with restart.after() as peer:
             await peer.load(sid, wire_prompt(*OTHER))
             await peer.prompt(sid)
-    assert deliveries(second, sid, *OTHER) == 1
+    assert deliveries(restart.second, sid, *OTHER) == 1
 
 
 async def test_fork_with_same_prompt_does_not_deliver_it_twice(tmp_path: Path) -> None:

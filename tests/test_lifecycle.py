@@ -20,6 +20,7 @@ from harness import (
     TIMEOUT,
     FakeAgent,
     Peer,
+    Restart,
     bridge_in_process,
     bridge_process,
     fingerprint,
@@ -245,24 +246,20 @@ async def test_native_lifecycle_with_default_forwards_omitted_as_omitted(tmp_pat
 
 
 async def test_native_load_after_bridge_restart_uses_the_stored_prompt(tmp_path: Path) -> None:
-    state = str(tmp_path / "state.db")
+    restart = Restart(tmp_path, caps=NATIVE_OVERRIDE)
     p1 = wire_prompt(*P1)
-    first = FakeAgent(tmp_path / "first.jsonl", caps=NATIVE_OVERRIDE)
-    second = FakeAgent(tmp_path / "second.jsonl", caps=NATIVE_OVERRIDE)
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(first, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        async with restart.before() as peer:
             sid = await peer.new(p1)
-        async with bridge_process(second, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        async with restart.after() as peer:
             await peer.load(sid)
             fork = await peer.fork(sid)
             await peer.sync()
-    assert second.params_of("session/load") == [
+    assert restart.second.params_of("session/load") == [
         {"sessionId": sid, "cwd": "/", "mcpServers": [], "systemPrompt": p1}
     ]
-    assert second.params_of("session/fork")[0]["systemPrompt"] == p1
-    with SessionStore(state) as store:
+    assert restart.second.params_of("session/fork")[0]["systemPrompt"] == p1
+    with SessionStore(restart.state) as store:
         assert stored(store, fork).prompt == as_prompt(*P1)
         assert stored(store, fork).parent_id == sid
 
@@ -270,22 +267,18 @@ async def test_native_load_after_bridge_restart_uses_the_stored_prompt(tmp_path:
 async def test_first_turn_load_after_bridge_restart_uses_the_stored_prompt(
     tmp_path: Path,
 ) -> None:
-    state = str(tmp_path / "state.db")
-    first = FakeAgent(tmp_path / "first.jsonl")
-    second = FakeAgent(tmp_path / "second.jsonl")
+    restart = Restart(tmp_path)
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(first, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        async with restart.before() as peer:
             sid = await peer.new(wire_prompt(*P1))
             other = await peer.new(wire_prompt(*P2))  # never prompted before the restart
-        async with bridge_process(second, "--state", state, home=tmp_path) as peer:
-            await peer.initialize()
+        async with restart.after() as peer:
             await peer.load(sid)
             await peer.prompt(sid)
             await peer.load(other)
             await peer.prompt(other)
-    assert second.prompts(sid) == [[text_block(*P1), user_block()]]
-    assert second.prompts(other) == [[text_block(*P2), user_block()]]
+    assert restart.second.prompts(sid) == [[text_block(*P1), user_block()]]
+    assert restart.second.prompts(other) == [[text_block(*P2), user_block()]]
 
 
 SESSIONS_PER_BRIDGE = 30
