@@ -192,19 +192,24 @@ async def test_rejection_frames_are_valid_for_both_protocol_versions(
         assert len(peer.responses) == len(REJECTED) + 1
 
 
+async def assert_override_not_offered_and_refused(peer: Peer, agent: FakeAgent) -> None:
+    """The bridge hides the agent's override and rejects it before the agent sees a request."""
+    result = await peer.initialize()
+    advertised = result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
+    assert advertised == {}
+    await reject_on_every_method(
+        peer, wire_prompt("Be brief.", mode="override"), "systemPrompt.mode"
+    )
+    await assert_agent_saw_no_lifecycle_request(peer, agent)
+
+
 async def test_override_rejected_when_policy_forbids_it_on_an_agent_that_could(
     tmp_path: Path,
 ) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
     with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
         async with bridge_in_process(agent, store, allow_override=False) as peer:
-            result = await peer.initialize()
-            advertised = result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
-            assert advertised == {}
-            await reject_on_every_method(
-                peer, wire_prompt("Be brief.", mode="override"), "systemPrompt.mode"
-            )
-            await assert_agent_saw_no_lifecycle_request(peer, agent)
+            await assert_override_not_offered_and_refused(peer, agent)
 
 
 async def test_override_rejected_with_no_override_flag(tmp_path: Path) -> None:
@@ -213,13 +218,7 @@ async def test_override_rejected_with_no_override_flag(tmp_path: Path) -> None:
         async with bridge_process(
             agent, "--no-override", "--state", ":memory:", home=tmp_path
         ) as peer:
-            result = await peer.initialize()
-            advertised = result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
-            assert advertised == {}
-            await reject_on_every_method(
-                peer, wire_prompt("Be brief.", mode="override"), "systemPrompt.mode"
-            )
-            await assert_agent_saw_no_lifecycle_request(peer, agent)
+            await assert_override_not_offered_and_refused(peer, agent)
 
 
 async def test_override_accepted_when_advertised(tmp_path: Path) -> None:
