@@ -6,6 +6,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -24,6 +25,17 @@ def assert_none_survive(bridge: RunningBridge, expected: int) -> None:
     pids = bridge.pids()
     assert len(pids) == expected
     assert [pid for pid in pids if pid_alive(pid)] == []
+
+
+async def agent_exits_with_a_request_pending(bridge: RunningBridge, status: int) -> list[Any]:
+    """Request 1 hangs, request 2 makes the agent exit with ``status``; the bridge exits with
+    it. Every message the client got before EOF."""
+    await ready(bridge)
+    await bridge.request(1, "_test/hang")
+    await bridge.request(2, "_test/exit", {"code": status})
+    lines = [json.loads(line) for line in await bridge.read_to_eof()]
+    assert await bridge.wait() == status
+    return lines
 
 
 async def test_client_eof_exit_status_follows_the_agent(open_bridge: OpenBridge) -> None:
@@ -55,11 +67,7 @@ async def test_agent_crash_mid_request_fails_it_and_bridge_exits_with_agent_stat
 ) -> None:
     with trio.fail_after(30):
         async with open_bridge() as bridge:
-            await ready(bridge)
-            await bridge.request(1, "_test/hang")
-            await bridge.request(2, "_test/exit", {"code": 9})
-            lines = [json.loads(line) for line in await bridge.read_to_eof()]
-            assert await bridge.wait() == 9
+            lines = await agent_exits_with_a_request_pending(bridge, 9)
     assert sorted(m["id"] for m in lines) == [1, 2]
     assert {m["error"]["code"] for m in lines} == {-32603}
     assert_none_survive(bridge, 1)
@@ -70,11 +78,7 @@ async def test_agent_crash_is_noticed_while_a_grandchild_holds_its_stdout(
 ) -> None:
     with trio.fail_after(30):
         async with open_bridge(config=FAST, grandchild=True) as bridge:
-            await ready(bridge)
-            await bridge.request(1, "_test/hang")
-            await bridge.request(2, "_test/exit", {"code": 4})
-            lines = [json.loads(line) for line in await bridge.read_to_eof()]
-            assert await bridge.wait() == 4
+            lines = await agent_exits_with_a_request_pending(bridge, 4)
     assert sorted(m["id"] for m in lines) == [1, 2]
     assert all("exited with status 4" in m["error"]["message"] for m in lines)
     assert_none_survive(bridge, 2)
