@@ -32,15 +32,14 @@ import trio
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import open_model_endpoint
 
+# tests/agents.py installs the pinned codex-acp and knows how to point it at the endpoint.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import agents
+
 PROVIDER = "acp-bridge-bench"
 
 
 def bridge_command(codex_acp: Path, endpoint_url: str, work: Path) -> list[str]:
-    provider = (
-        f'{{name="bench",base_url="{endpoint_url}/v1",wire_api="responses",'
-        f'env_key="FAKE_OPENAI_API_KEY",request_max_retries=0,stream_max_retries=0,'
-        f"supports_websockets=false}}"
-    )
     return [
         sys.executable,
         "-m",
@@ -51,12 +50,7 @@ def bridge_command(codex_acp: Path, endpoint_url: str, work: Path) -> list[str]:
         str(work / "config.yaml"),
         "--",
         str(codex_acp),
-        "-c",
-        f"model_provider={PROVIDER}",
-        "-c",
-        f"model_providers.{PROVIDER}={provider}",
-        "-c",
-        "model=gpt-5.4",
+        *agents.codex_endpoint_args(PROVIDER, "bench", endpoint_url),
     ]
 
 
@@ -72,12 +66,7 @@ async def timed_new(client: AcpClient, cwd: Path, prompt: str | None) -> float:
 async def run(codex_acp: Path, runs: int, work: Path) -> dict[str, list[float]]:
     home = work / "codex-home"
     home.mkdir()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL")
-    }
-    env.update(CODEX_HOME=str(home), FAKE_OPENAI_API_KEY="sk-acp-bridge-bench")
+    env = agents.codex_endpoint_env(os.environ, home, "sk-acp-bridge-bench")
     # Every run's prompt keeps a process with a live session: allow them all.
     (work / "config.yaml").write_text(
         f"bridge:\n  adapter_options:\n    codex: {{max_processes: {runs + 2}}}\n"
@@ -103,9 +92,6 @@ def main() -> int:
     args = parser.parse_args()
     codex_acp = args.codex_acp
     if codex_acp is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        import agents
-
         codex_acp = agents.codex_acp_binary()
     base = Path.home() / ".cache" / "acp-bridge" / "bench"
     base.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,39 @@ def codex_acp_binary(version: str = CODEX_ACP_VERSION) -> Path:
     return package_dir(package, version) / "bin" / "codex-acp"
 
 
+def codex_endpoint_args(provider: str, name: str, endpoint_url: str) -> list[str]:
+    """codex-acp ``-c`` options that send its model calls to a fake OpenAI Responses endpoint.
+
+    ``endpoint_url`` is the endpoint's base URL without ``/v1``. The key comes from
+    ``FAKE_OPENAI_API_KEY`` (see :func:`codex_endpoint_env`); retries and websockets are off
+    so every model call is exactly one recorded request.
+    """
+    config = (
+        f'{{name="{name}",base_url="{endpoint_url}/v1",wire_api="responses",'
+        f'env_key="FAKE_OPENAI_API_KEY",request_max_retries=0,stream_max_retries=0,'
+        f"supports_websockets=false}}"
+    )
+    return [
+        "-c",
+        f"model_provider={provider}",
+        "-c",
+        f"model_providers.{provider}={config}",
+        "-c",
+        "model=gpt-5.4",
+    ]
+
+
+def codex_endpoint_env(base: Mapping[str, str], codex_home: Path, key: str) -> dict[str, str]:
+    """``base`` without the user's OpenAI settings, with its own CODEX_HOME and the fake key."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if k not in ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL")
+    }
+    env.update(CODEX_HOME=str(codex_home), FAKE_OPENAI_API_KEY=key)
+    return env
+
+
 def clean_agent_env(base: Mapping[str, str]) -> dict[str, str]:
     """Copy of ``base`` fit for spawning agents.
 

@@ -96,11 +96,6 @@ class CodexSetup:
     endpoint: ModelEndpoint
 
     def command(self, *bridge_args: str) -> list[str]:
-        provider = (
-            f'{{name="test",base_url="{self.endpoint.url}/v1",wire_api="responses",'
-            f'env_key="FAKE_OPENAI_API_KEY",request_max_retries=0,stream_max_retries=0,'
-            f"supports_websockets=false}}"
-        )
         return [
             sys.executable,
             "-m",
@@ -110,12 +105,7 @@ class CodexSetup:
             *bridge_args,
             "--",
             str(self.binary),
-            "-c",
-            f"model_provider={PROVIDER}",
-            "-c",
-            f"model_providers.{PROVIDER}={provider}",
-            "-c",
-            "model=gpt-5.4",
+            *agents.codex_endpoint_args(PROVIDER, "test", self.endpoint.url),
             "-c",
             "approval_policy=never",
             "-c",
@@ -123,13 +113,7 @@ class CodexSetup:
         ]
 
     def env(self) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL")
-        }
-        env.update(CODEX_HOME=str(self.home), FAKE_OPENAI_API_KEY="sk-acp-bridge-test")
-        return env
+        return agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
 
     @asynccontextmanager
     async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
