@@ -17,11 +17,13 @@ from acp_bridge.settings import (
 )
 from acp_bridge.store import SessionStore
 
-VERIFY_VARS = {"ENDPOINT_URL": "http://127.0.0.1:4242", "VERIFY_HOME": "/v"}
+# HOME is the user's own: verify keeps npx downloads in the user's npm cache.
+VERIFY_VARS = {"ENDPOINT_URL": "http://127.0.0.1:4242", "VERIFY_HOME": "/v", "HOME": "/home/u"}
 CLAUDE_VERIFY_ENV = {
     "ANTHROPIC_BASE_URL": "http://127.0.0.1:4242",
     "ANTHROPIC_API_KEY": "sk-ant-acp-bridge-verify",
     "HOME": "/v",
+    "npm_config_cache": "/home/u/.npm",
     "IS_SANDBOX": "1",
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
@@ -133,6 +135,7 @@ def test_codex_preset_points_codex_at_the_responses_endpoint(
         "CODEX_HOME": "/v/codex-home",
         "FAKE_OPENAI_API_KEY": "sk-acp-bridge-verify",
         "HOME": "/v",
+        "npm_config_cache": "/home/u/.npm",
     }
     assert verify.resolved_dirs(VERIFY_VARS) == [Path("/v/codex-home")]
     assert verify.resolved_args(VERIFY_VARS) == [
