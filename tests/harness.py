@@ -216,6 +216,15 @@ async def bridge_in_process(
         await to_bridge_send.aclose()
 
 
+@asynccontextmanager
+async def in_process_peer(agent: FakeAgent, **options: Any) -> AsyncIterator[Peer]:
+    """An initialized peer of ``bridge_in_process`` whose session store lives in memory only."""
+    with SessionStore(":memory:") as store:
+        async with bridge_in_process(agent, store, **options) as peer:
+            await peer.initialize()
+            yield peer
+
+
 def bridge_env(home: Path) -> dict[str, str]:
     """An environment where no user config or state of the machine running the tests leaks in."""
     return {

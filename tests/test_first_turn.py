@@ -16,6 +16,7 @@ from harness import (
     Restart,
     bridge_in_process,
     fingerprint,
+    in_process_peer,
     joined,
     wire_prompt,
 )
@@ -34,9 +35,8 @@ def deliveries(agent: FakeAgent, session_id: str, *texts: str) -> int:
 
 async def test_prompt_block_arrives_once_per_conversation_and_verbatim(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             sid = await peer.new(wire_prompt(*PROMPT))
             for turn in range(4):
                 await peer.prompt(sid, f"turn {turn}")
@@ -51,9 +51,8 @@ async def test_prompt_block_arrives_once_per_conversation_and_verbatim(tmp_path:
 
 async def test_each_session_gets_its_own_first_turn(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             first = await peer.new(wire_prompt(*PROMPT))
             second = await peer.new(wire_prompt(*OTHER))
             plain = await peer.new()
@@ -67,9 +66,8 @@ async def test_each_session_gets_its_own_first_turn(tmp_path: Path) -> None:
 
 async def test_changed_prompt_is_delivered_again(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             sid = await peer.new(wire_prompt(*PROMPT))
             await peer.prompt(sid)
             await peer.load(sid, wire_prompt(*OTHER))
@@ -127,9 +125,8 @@ async def test_changed_prompt_after_restart_is_delivered(tmp_path: Path) -> None
 
 async def test_fork_with_same_prompt_does_not_deliver_it_twice(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             sid = await peer.new(wire_prompt(*PROMPT))
             await peer.prompt(sid)
             explicit = await peer.fork(sid, wire_prompt(*PROMPT))
@@ -144,9 +141,8 @@ async def test_fork_with_same_prompt_does_not_deliver_it_twice(tmp_path: Path) -
 
 async def test_fork_before_first_turn_delivers_in_the_fork(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             sid = await peer.new(wire_prompt(*PROMPT))
             fork = await peer.fork(sid)  # the parent never had a turn: nothing to inherit
             await peer.prompt(fork)
@@ -156,9 +152,8 @@ async def test_fork_before_first_turn_delivers_in_the_fork(tmp_path: Path) -> No
 
 async def test_fork_with_different_prompt_delivers_the_new_one(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             sid = await peer.new(wire_prompt(*PROMPT))
             await peer.prompt(sid)
             fork = await peer.fork(sid, wire_prompt(*OTHER))

@@ -24,6 +24,7 @@ from harness import (
     Peer,
     bridge_in_process,
     bridge_process,
+    in_process_peer,
     joined,
     lifecycle_params,
     wire_prompt,
@@ -179,9 +180,8 @@ async def test_rejection_frames_are_valid_for_both_protocol_versions(
 ) -> None:
     caps: dict[str, Any] = {"session": {}} if version == 2 else {}
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=caps)
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store, version=version) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent, version=version) as peer:
             for _, value, field in REJECTED:
                 error = await peer.error(
                     "session/new", lifecycle_params("session/new", None, value)
@@ -224,9 +224,8 @@ async def test_override_rejected_with_no_override_flag(tmp_path: Path) -> None:
 async def test_override_accepted_when_advertised(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
     prompt = wire_prompt("You are a pirate.", mode="override")
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             await peer.new(prompt)
             await peer.sync()
     assert agent.params_of("session/new")[0]["systemPrompt"] == prompt
@@ -253,9 +252,8 @@ async def test_prompt_limit_is_configurable(tmp_path: Path) -> None:
 async def test_prompt_exactly_at_default_limit_is_accepted(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl")
     text = "x" * DEFAULT_MAX_PROMPT_BYTES
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             session_id = await peer.new(wire_prompt(text))
             await peer.prompt(session_id)
     assert agent.prompts(session_id)[0][0] == {"type": "text", "text": text}
@@ -312,9 +310,8 @@ async def test_native_agent_receives_the_client_object_untouched(tmp_path: Path)
         "_meta": {"vendor.example/tag": [1, 2]},
     }
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
-    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
-        async with bridge_in_process(agent, store) as peer:
-            await peer.initialize()
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
             await peer.new(prompt)
             await peer.sync()
     assert agent.params_of("session/new")[0]["systemPrompt"] == prompt
