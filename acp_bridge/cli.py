@@ -154,7 +154,6 @@ def resolve_runtime(
         max_prompt_bytes=settings.max_prompt_bytes,
         line_limit=settings.line_limit,
         shutdown_grace=settings.shutdown_grace,
-        agent_identity=None,
         adapter_options=settings.adapter_options,
     )
     return Runtime(config, options, str(state_location), registry, lookup)

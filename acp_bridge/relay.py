@@ -87,7 +87,6 @@ class BridgeOptions:
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     line_limit: int = DEFAULT_LINE_LIMIT
     shutdown_grace: float = 2.0
-    agent_identity: str | None = None  # store key; default: agentInfo.name
     # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.
     adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -281,11 +280,9 @@ class Call:
         self.client_sent_prompt = False
         self.delivered: str | None = None
         self._started = started
-        self.forwarded_to: AgentConnection | None = None
 
     async def forward(self, link: AgentLink | None = None) -> Reply:
         target = link if isinstance(link, AgentConnection) else self.link
-        self.forwarded_to = target
         original = self.frame.params
         message = None if self.params == original else {**self.frame.message, "params": self.params}
         send, receive = trio.open_memory_channel[Frame | AgentExited](1)
@@ -873,9 +870,8 @@ class Bridge:
         if delivery is not None and not self.options.allow_override:
             delivery = Delivery(append=delivery.append, override=False)
         self.delivery = delivery
-        self.lifecycle.agent = self.options.agent_identity or (
-            capabilities.agent_name(result) or self.lifecycle.agent
-        )
+        # Sessions are stored per agent identity: its agentInfo.name, else its command.
+        self.lifecycle.agent = capabilities.agent_name(result) or self.lifecycle.agent
         log.info("adapter %s; delivery %s", self.adapter.name, delivery)
         if delivery is None:
             return reply
