@@ -54,6 +54,11 @@ from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
 
 AGENT_NAME: Final = "codex-acp"
+# codex-acp answers session/close before it has released the session's rollout writer, so
+# a load/resume right after fails with -32603 (its stderr: "already has a live local
+# writer"). Such a reopen is retried until the close is this old.
+CLOSE_SETTLE_TIMEOUT: Final = 3.0
+CLOSE_RETRY_INTERVAL: Final = 0.1
 # Linux refuses a single argv string longer than MAX_ARG_STRLEN (32 pages, NUL included).
 MAX_ARG_BYTES: Final = 32 * 4096 - 1
 
@@ -162,6 +167,8 @@ class CodexAdapter(Adapter):
         self.pool: dict[str | None, Pooled] = {}
         self.home: dict[str, Pooled] = {}
         """Live session -> the process holding it."""
+        self._closed_at: dict[str, float] = {}
+        """Session -> when it was last closed (trio clock), for reopen retries."""
         self._starting: dict[str, trio.Lock] = {}
         self._changed = trio.Event()
         self._reaper_running = False
@@ -402,6 +409,9 @@ class CodexAdapter(Adapter):
             for problem in self.reopen_limits(call.previous, call.prompt):
                 self.log.warning("%s of session %s: %s", call.method, session_id, problem)
             reply = await call.forward(pooled.link)
+            while self._settling(session_id, reply):
+                await trio.sleep(CLOSE_RETRY_INTERVAL)
+                reply = await call.forward(pooled.link)
             if reply.ok and session_id is not None:
                 self._hold(session_id, pooled)
             return reply
@@ -410,6 +420,16 @@ class CodexAdapter(Adapter):
 
     session_load = _reopen
     session_resume = _reopen
+
+    def _settling(self, session_id: str | None, reply: Reply) -> bool:
+        """Whether a failed reopen may only be codex still releasing a recent close."""
+        closed_at = self._closed_at.get(session_id) if session_id is not None else None
+        return (
+            closed_at is not None
+            and reply.error is not None
+            and reply.error.get("code") == INTERNAL_ERROR
+            and trio.current_time() - closed_at < CLOSE_SETTLE_TIMEOUT
+        )
 
     async def _close_elsewhere(self, session_id: str, target: Pooled) -> None:
         """A session is live in one process at a time: close it where it was."""
@@ -421,6 +441,7 @@ class CodexAdapter(Adapter):
             return
         try:
             await current.link.request("session/close", {"sessionId": session_id})
+            self._closed_at[session_id] = trio.current_time()
         except (AgentError, AgentExited) as exc:
             self.log.warning(
                 "closing session %s in %s failed: %s", session_id, current.link.name, exc
@@ -431,6 +452,8 @@ class CodexAdapter(Adapter):
         reply = await call.forward()
         if reply.ok and call.session_id is not None:
             self._drop(call.session_id)
+            if call.method == "session/close":
+                self._closed_at[call.session_id] = trio.current_time()
         return reply
 
     session_close = _end

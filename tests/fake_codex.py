@@ -10,6 +10,10 @@ Test steering: a prompt whose text is ``hang`` is answered only by ``session/can
 (stopReason ``cancelled``); ``ask`` first sends the client a ``fs/read_text_file``
 request with the fixed id 0 (so two processes asking at once collide on purpose) and a
 ``$/cancel_request`` for it, then waits for the client's answer.
+
+Like codex-acp 0.16, a session's rollout writer is released a moment after
+``session/close`` is answered: a ``session/load``/``session/resume`` of it within
+``CLOSE_SETTLE`` seconds fails with ``-32603 Internal error``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 out = sys.stdout.buffer
+CLOSE_SETTLE = 0.3
 
 
 def send(message: Any) -> None:
@@ -63,6 +68,7 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
         base = Path(toml_string(overrides["model_instructions_file"])).read_text().strip()
     identity = {"developer": developer, "base": base, "pid": os.getpid()}
     hanging: dict[Any, Any] = {}  # sessionId -> prompt request id
+    closed_at: dict[Any, float] = {}  # sessionId -> when session/close was answered
     asked: dict[Any, Any] = {}  # our request id to the client -> prompt request id
 
     for raw in sys.stdin.buffer:
@@ -104,7 +110,20 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
             answer({"sessionId": str(uuid.uuid4())})
         elif method == "session/list":
             answer({"sessions": [], "answeredBy": os.getpid()})
-        elif method in ("session/load", "session/resume", "session/close", "authenticate"):
+        elif method in ("session/load", "session/resume") and (
+            time.monotonic() - closed_at.get(params.get("sessionId"), -CLOSE_SETTLE) < CLOSE_SETTLE
+        ):
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32603, "message": "Internal error"},
+                }
+            )
+        elif method == "session/close":
+            closed_at[params.get("sessionId")] = time.monotonic()
+            answer({})
+        elif method in ("session/load", "session/resume", "authenticate"):
             answer({})
         elif method == "session/prompt":
             session_id = params.get("sessionId")

@@ -416,3 +416,24 @@ def test_fake_codex_is_detected_as_codex() -> None:
     assert CodexAdapter.detect({"agentInfo": {"name": "codex-acp"}})
     assert not CodexAdapter.detect({"agentInfo": {"name": "goose"}})
     assert os.path.exists(FAKE_CODEX)
+
+
+async def test_load_right_after_close_waits_for_codex_to_release_the_session(
+    tmp_path: Path,
+) -> None:
+    # The fake, like codex-acp, refuses a reopen for a moment after session/close.
+    async with codex_bridge(tmp_path) as h:
+        session = await h.new(append("rules"))
+        await h.client.request("session/close", {"sessionId": session})
+        params = {
+            "sessionId": session,
+            "cwd": "/",
+            "mcpServers": [],
+            "systemPrompt": append("rules"),
+        }
+        assert await h.client.request("session/load", params) == {}
+        served = await h.served_by(session)
+    assert served["developer"] == "rules"
+    loads = [m for m in h.received(served["pid"]) if m.get("method") == "session/load"]
+    assert len(loads) >= 2  # the first attempt was refused, a retry succeeded
+

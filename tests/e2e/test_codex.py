@@ -9,6 +9,7 @@ temporary folder.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -294,3 +295,36 @@ async def test_no_codex_process_is_left_after_the_client_disconnects(
             assert len(running) == 3
         assert bridge.returncode == 0
     assert processes_with_home(codex.home) == [], f"left behind; codex-acp was {running}"
+
+
+async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: Path) -> None:
+    # The shipped preset runs codex-acp through npx; point it at the cached binary instead.
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"agents:\n  codex:\n    command: {json.dumps(str(codex_binary))}\n    args: []\n"
+    )
+    env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path)}
+    with trio.fail_after(4 * TIMEOUT):
+        result = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "acp_bridge",
+                "verify",
+                "--config",
+                str(config),
+                "--agent",
+                "codex",
+            ],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    report = result.stdout.decode()
+    assert result.returncode == 0, report + result.stderr.decode()[-4000:]
+    assert " 0 failed" in report and "FAIL" not in report
+    # Every step codex can do passes; what it cannot is shown, never hidden.
+    assert report.count("PASS") >= 8
+    assert "SKIP" in report  # codex-acp 0.16 has no session/fork
+    assert "LIMIT" in report  # a changed append prompt cannot reach a stored session
