@@ -630,11 +630,15 @@ class Bridge:
             m for m in members if isinstance(m, dict) and self._intercepts(m.get("method"))
         ]
         if intercepted:
+            # The batch is refused whole: answering part of it would split what the client
+            # sent as one unit.
             errors = [
                 jsonrpc.error_response(
                     m.get("id"),
                     jsonrpc.INVALID_REQUEST,
-                    f"The method {m.get('method')} must not be sent in a batch.",
+                    f"The method {m.get('method')} must not be sent in a batch."
+                    if m in intercepted
+                    else "The batch holds session requests, which must not be batched.",
                 )
                 for m in members
                 if isinstance(m, dict) and "id" in m and "method" in m

@@ -196,3 +196,22 @@ async def test_client_closing_its_read_end_shuts_down_in_order(open_bridge: Open
             await bridge.wait()
             assert len(bridge.pids()) == 2
             assert not any(pid_alive(pid) for pid in bridge.pids())
+
+
+async def test_batch_holding_a_session_request_is_refused_whole(open_bridge: OpenBridge) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.request(0, "initialize", {"protocolVersion": 2})
+            await bridge.response_to(0)
+            batch = [
+                {"jsonrpc": "2.0", "id": "a", "method": "session/new", "params": {"cwd": "/"}},
+                {"jsonrpc": "2.0", "id": "b", "method": "_test/echo", "params": {}},
+                {"jsonrpc": "2.0", "method": "_test/note", "params": {}},
+            ]
+            await bridge.send_line(json.dumps(batch).encode())
+            errors = await bridge.receive()
+            assert [e["id"] for e in errors] == ["a", "b"]
+            assert all(e["error"]["code"] == INVALID_REQUEST for e in errors)
+            assert "session/new" in errors[0]["error"]["message"]
+            await still_serving(bridge)
+            assert b"session/new" not in agent_received(bridge)
