@@ -8,6 +8,7 @@ Prompts are private: ``list`` never prints prompt text, ``show`` prints it only 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -16,6 +17,7 @@ from typing import Any, Final
 
 import click
 
+from acp_bridge.settings import ConfigError, load_config, resolve_state
 from acp_bridge.store import MEMORY, SessionRecord, SessionStore, StoreError
 
 _STATE_KEY: Final = "acp_bridge.sessions.state"
@@ -27,14 +29,20 @@ _STATE_KEY: Final = "acp_bridge.sessions.state"
     "state",
     metavar="PATH",
     default=None,
-    help="Session database (default: $XDG_STATE_HOME/acp-bridge/sessions.sqlite3).",
+    help="Session database (default: bridge.state of the configuration, else "
+    "$XDG_STATE_HOME/acp-bridge/sessions.sqlite3).",
 )
+@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML config file.")
 @click.pass_context
-def sessions(ctx: click.Context, state: str | None) -> None:
+def sessions(ctx: click.Context, state: str | None, config_file: Path | None) -> None:
     """List, show or forget the sessions whose system prompts the bridge remembers."""
-    if state is None or state == "default":  # "default" as in the bridge.state setting
-        state = str(SessionStore.default_path())
-    ctx.meta[_STATE_KEY] = state
+    try:
+        if state is None:  # the database the bridge itself uses with this configuration
+            state = load_config(config_file).bridge.state
+        location = resolve_state(state, os.environ, "--state")
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.meta[_STATE_KEY] = str(location)
 
 
 @sessions.command("list")

@@ -183,3 +183,19 @@ def test_broken_database_is_a_clear_error(tmp_path: Path) -> None:
     result = run(broken, "list")
     assert result.exit_code == 1
     assert str(broken) in result.output
+
+
+def test_without_state_the_configured_bridge_state_is_listed(state: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"bridge:\n  state: {json.dumps(str(state))}\n")
+    result = CliRunner().invoke(sessions, ["--config", str(config), "list", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {entry["sessionId"] for entry in json.loads(result.output)}
+
+
+def test_a_broken_config_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("bridge:\n  stat: nowhere\n")
+    result = CliRunner().invoke(sessions, ["--config", str(config), "list"])
+    assert result.exit_code == 1
+    assert "bridge.stat" in result.output
