@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -234,6 +235,9 @@ def run(
         status = trio.run(run_stdio, runtime, tracer, acp_fd)
     except AgentStartError as exc:
         raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        # Ctrl-C before the bridge listens for signals; the agent was stopped on the way out.
+        status = 128 + signal.SIGINT
     finally:
         tracer.close()
     sys.exit(status)

@@ -360,10 +360,10 @@ class Bridge:
 
     async def run(self, *, watch_signals: bool = True) -> int:
         """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
-        if self._primary_process is None:
-            await self.start_agent()
-        assert self._primary_process is not None
         try:
+            if self._primary_process is None:
+                await self.start_agent()
+            assert self._primary_process is not None
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self._primary = self._attach(self._primary_process, "agent")
@@ -374,7 +374,8 @@ class Bridge:
                 await self._finished.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            # Cancelled from outside (a server closing): still no process is left behind.
+            # Cancelled from outside (a server closing, an early Ctrl-C): still no process
+            # is left behind.
             if not self._finished.is_set():
                 await self._shutdown(lambda: 0)
         if self.adapter is not None:
