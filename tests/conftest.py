@@ -259,3 +259,29 @@ async def _reap(bridge: RunningBridge) -> None:
             os.killpg(pid, signal.SIGKILL)
         with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What one ``acp-bridge verify`` run printed."""
+
+    returncode: int
+    table: str
+    stderr: str
+
+    def assert_passed(self) -> None:
+        assert self.returncode == 0, self.table + self.stderr[-4000:]
+        assert " 0 failed" in self.table and "FAIL" not in self.table, self.table
+
+
+async def run_verify(*args: str, env: dict[str, str], timeout: float) -> VerifyReport:
+    """Run ``python -m acp_bridge verify ARGS`` as a subprocess, as a user would."""
+    with trio.fail_after(timeout):
+        done = await trio.run_process(
+            [sys.executable, "-m", "acp_bridge", "verify", *args],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return VerifyReport(done.returncode, done.stdout.decode(), done.stderr.decode())

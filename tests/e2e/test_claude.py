@@ -25,6 +25,7 @@ from typing import Any
 import agents
 import pytest
 import trio
+from conftest import run_verify
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
@@ -254,26 +255,13 @@ def _verify_config(tmp_path: Path) -> Path:
     return path
 
 
-VERIFY_COMMAND = (sys.executable, "-m", "acp_bridge", "verify")
-
-
 @pytest.mark.parametrize("preset", ["claude-legacy", "claude"])
-async def test_verify_passes_every_row_for_the_claude_presets(
-    preset: str, tmp_path: Path
-) -> None:
+async def test_verify_passes_every_row_for_the_claude_presets(preset: str, tmp_path: Path) -> None:
     config = await trio.to_thread.run_sync(_verify_config, tmp_path)
-    env = agents.clean_agent_env(os.environ)
-    env["HOME"] = str(tmp_path)
-    with trio.fail_after(600):
-        done = await trio.run_process(
-            [*VERIFY_COMMAND, "--config", str(config), "--agent", preset],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=env,
-        )
-    table = done.stdout.decode()
-    assert done.returncode == 0, table + done.stderr.decode()[-4000:]
+    env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path)}
+    report = await run_verify("--config", str(config), "--agent", preset, env=env, timeout=600)
+    report.assert_passed()
+    table = report.table
     rows = [line for line in table.splitlines() if line.endswith(("PASS", "FAIL", "SKIP"))]
     steps = " | ".join(rows)
     for step in (

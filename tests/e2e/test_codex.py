@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import agents  # tests/agents.py: installs and caches the pinned agents
+import agents
 import pytest
 import trio
+from conftest import run_verify  # tests/agents.py: installs and caches the pinned agents
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
@@ -304,27 +305,11 @@ async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: 
         f"agents:\n  codex:\n    command: {json.dumps(str(codex_binary))}\n    args: []\n"
     )
     env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path)}
-    with trio.fail_after(4 * TIMEOUT):
-        result = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "acp_bridge",
-                "verify",
-                "--config",
-                str(config),
-                "--agent",
-                "codex",
-            ],
-            env=env,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    report = result.stdout.decode()
-    assert result.returncode == 0, report + result.stderr.decode()[-4000:]
-    assert " 0 failed" in report and "FAIL" not in report
+    report = await run_verify(
+        "--config", str(config), "--agent", "codex", env=env, timeout=4 * TIMEOUT
+    )
+    report.assert_passed()
     # Every step codex can do passes; what it cannot is shown, never hidden.
-    assert report.count("PASS") >= 8
-    assert "SKIP" in report  # codex-acp 0.16 has no session/fork
-    assert "LIMIT" in report  # a changed append prompt cannot reach a stored session
+    assert report.table.count("PASS") >= 8
+    assert "SKIP" in report.table  # codex-acp 0.16 has no session/fork
+    assert "LIMIT" in report.table  # a changed append prompt cannot reach a stored session

@@ -20,6 +20,7 @@ from typing import Any
 import agents
 import pytest
 import trio
+from conftest import run_verify
 
 from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
@@ -359,15 +360,5 @@ async def test_verify_passes_for_the_goose_preset(goose_binary: Path, tmp_path: 
         "XDG_CONFIG_HOME": str(tmp_path / ".config"),
         "XDG_STATE_HOME": str(tmp_path / ".local" / "state"),
     }
-    with trio.fail_after(TIMEOUT):
-        result = await trio.run_process(
-            [sys.executable, "-m", "acp_bridge", "verify", "--agent", "goose"],
-            env=env,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    report = result.stdout.decode()
-    assert result.returncode == 0, report + result.stderr.decode()
-    assert " 0 failed" in report
-    assert "FAIL" not in report
+    report = await run_verify("--agent", "goose", env=env, timeout=TIMEOUT)
+    report.assert_passed()
