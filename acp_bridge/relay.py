@@ -709,8 +709,10 @@ class Bridge:
             link.exit_status = await link.process.wait()
         if link.exit_status is None:
             link.exit_status = await link.process.stop(self.options.shutdown_grace)
+        # An agent the bridge itself stopped (it ignored EOF, as codex-acp does) is no news.
+        expected = link.exit_status == 0 or link.process.terminated_by_bridge
         log.log(
-            logging.INFO if link.exit_status == 0 else logging.WARNING,
+            logging.INFO if expected else logging.WARNING,
             "%s: %s",
             link.name,
             describe_exit(link.exit_status),
