@@ -410,6 +410,9 @@ class CodexAdapter(Adapter):
                 self.log.warning("%s of session %s: %s", call.method, session_id, problem)
             reply = await call.forward(pooled.link)
             while self._settling(session_id, reply):
+                self.log.debug(
+                    "%s of %s refused right after a close; retrying", call.method, session_id
+                )
                 await trio.sleep(CLOSE_RETRY_INTERVAL)
                 reply = await call.forward(pooled.link)
             if reply.ok and session_id is not None:
