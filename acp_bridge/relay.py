@@ -283,8 +283,8 @@ class Call:
 
     async def forward(self, link: AgentLink | None = None) -> Reply:
         target = link if isinstance(link, AgentConnection) else self.link
-        original = self.frame.params
-        message = None if self.params == original else {**self.frame.message, "params": self.params}
+        unchanged = self.params == self.original_params
+        message = None if unchanged else {**self.frame.message, "params": self.params}
         send, receive = trio.open_memory_channel[Frame | AgentExited](1)
         wire_id = self.bridge.forward_request(target, self.frame, message, waiter=send)
         await target.flush()
@@ -846,17 +846,17 @@ class Bridge:
             finally:
                 self._initialized.set()
         assert self.adapter is not None
+        if call.method != "session/new" and call.session_id is not None:
+            # What the named session (for fork: the parent) has been running with.
+            record = self.lifecycle.get(call.session_id)
+            if record is not None:
+                call.prompt = call.previous = record.prompt
+                call.delivered = record.delivered
         if frame.method in LIFECYCLE:
             try:
                 self._prepare_lifecycle(call)
             except PromptRejected as rejected:
                 return Reply(error=rejected.error())
-        elif call.session_id is not None:
-            record = self.lifecycle.get(call.session_id)
-            if record is not None:
-                call.prompt = record.prompt
-                call.previous = record.prompt
-                call.delivered = record.delivered
         hook = getattr(self.adapter, HOOKS[call.method])
         reply: Reply = await hook(call)
         if reply.ok:
@@ -906,11 +906,6 @@ class Bridge:
             max_bytes=self.options.max_prompt_bytes,
         )
         call.client_sent_prompt = prompt is not None
-        if call.method != "session/new" and call.session_id is not None:
-            record = self.lifecycle.get(call.session_id)
-            if record is not None:
-                call.previous = record.prompt
-                call.delivered = record.delivered
         if prompt is None and self.options.on_omitted == "keep":
             prompt = call.previous
         call.prompt = prompt
