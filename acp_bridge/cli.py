@@ -183,7 +183,7 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
     client_out = trio.lowlevel.FdStream(acp_fd)
     store = open_store(runtime.state)
     try:
-        lifecycle = Lifecycle(store, Path(runtime.options.agent_argv[0]).name)
+        lifecycle = Lifecycle.for_command(store, runtime.options.agent_argv)
         bridge = Bridge(
             runtime.options,
             client_in,

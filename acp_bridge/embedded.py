@@ -38,7 +38,7 @@ async def open_embedded_bridge(
         trio.SocketStream(client_socket),
         trio.SocketStream(bridge_socket),
     )
-    lifecycle = Lifecycle(store, options.agent_argv[0])
+    lifecycle = Lifecycle.for_command(store, options.agent_argv)
     bridge = Bridge(options, bridge_stream, bridge_stream, lifecycle, registry=registry)
     await bridge.start_agent()  # outside the nursery, so a start failure is a plain error
     failure: Exception | None = None

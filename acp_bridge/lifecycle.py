@@ -6,6 +6,9 @@ only binds the store to the agent identity, which is known once ``initialize`` r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from acp_bridge.store import SessionRecord, SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -14,6 +17,11 @@ class Lifecycle:
     def __init__(self, store: SessionStore, agent: str) -> None:
         self.store = store
         self.agent = agent
+
+    @classmethod
+    def for_command(cls, store: SessionStore, argv: Sequence[str]) -> Lifecycle:
+        """Keyed by the command's name until ``initialize`` tells the agent's own name."""
+        return cls(store, Path(argv[0]).name)
 
     def get(self, session_id: str) -> SessionRecord | None:
         return self.store.get(self.agent, session_id)

@@ -168,7 +168,7 @@ class Server:
                     await stream.send_all(jsonrpc.encode(error) + b"\n")
                     return
                 receive = ReplayStream(first + b"\n" + preamble[1], stream)
-            lifecycle = Lifecycle(self.store, Path(self.options.agent_argv[0]).name)
+            lifecycle = Lifecycle.for_command(self.store, self.options.agent_argv)
             bridge = Bridge(self.options, receive, stream, lifecycle, registry=self.registry)
             status = await bridge.run(watch_signals=False)
             log.info("connection closed; agent status %d", status)
