@@ -16,6 +16,7 @@ so tests can run coroutine agents over in-memory streams.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import signal
@@ -79,6 +80,8 @@ LIFECYCLE: Final = frozenset({"session/new", "session/load", "session/resume", "
 # After the client's EOF, how long frames it sent may still wait for an interception.
 CLIENT_EOF_SETTLE: Final = 5.0
 SETTLE_POLL: Final = 0.01
+# After every process is stopped, how long their last answers may take to reach the client.
+FINAL_DRAIN: Final = 1.0
 # Answered to a command that cannot be started, as a shell does.
 START_FAILED_STATUS: Final = 127
 
@@ -147,6 +150,12 @@ class Outbox:
                 await self.stream.send_all(buffer)
         finally:
             self._lock.release()
+
+    async def settle(self) -> None:
+        """Flush, and wait for a write another task has in progress."""
+        await self.flush()
+        async with self._lock:
+            pass
 
 
 class Waiter:
@@ -361,6 +370,7 @@ class Bridge:
                 nursery.start_soon(self._pump_client)
                 nursery.start_soon(self._watch_client_output)
                 await self._finished.wait()
+                await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
             # Cancelled from outside (a server closing, an early Ctrl-C): still no process
@@ -371,6 +381,20 @@ class Bridge:
             with trio.CancelScope(shield=True):
                 await self.adapter.aclose()
         return self._exit_status if self._exit_status is not None else 0
+
+    async def _drain(self) -> None:
+        """The processes are stopped: let their last answers reach the client.
+
+        Each agent pump ends once it has read its process's output to the end, and every
+        interception still open gets its answer (the agent's, or that it exited).
+        """
+        with trio.move_on_after(FINAL_DRAIN):
+            for link in tuple(self.links.values()):
+                await link.done.wait()
+            while self.router.intercepting:
+                await trio.sleep(SETTLE_POLL)
+        with trio.move_on_after(FINAL_DRAIN):
+            await self.flush_client()
 
     async def _refuse_client(self, failure: AgentStartError) -> int:
         """The agent cannot start: answer the client's requests with why, until it leaves.
@@ -542,7 +566,10 @@ class Bridge:
         with trio.move_on_after(CLIENT_EOF_SETTLE):
             while not self.router.settled:
                 await trio.sleep(SETTLE_POLL)
-        await self.flush_all()
+            await self.flush_client()
+            for link in tuple(self.links.values()):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    await link.outbox.settle()
 
     def _from_client(self, raw: bytes) -> None:
         if not raw.strip():

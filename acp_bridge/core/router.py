@@ -170,6 +170,11 @@ class Router:
         return len(self.hops[hop].pending)
 
     @property
+    def intercepting(self) -> bool:
+        """Whether an interception has not been answered yet."""
+        return bool(self._interceptions)
+
+    @property
     def settled(self) -> bool:
         """Whether every client frame received so far has been passed on (or answered)."""
         return not self.gate.waiting and all(
