@@ -82,6 +82,7 @@ CLIENT_EOF_SETTLE: Final = 5.0
 SETTLE_POLL: Final = 0.01
 # After every process is stopped, how long their last answers may take to reach the client.
 FINAL_DRAIN: Final = 1.0
+WRITE_FAILED: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 # Answered to a command that cannot be started, as a shell does.
 START_FAILED_STATUS: Final = 127
 
@@ -103,9 +104,13 @@ class BridgeOptions:
 class AgentHandle(Protocol):
     """A started agent process as the runtime uses it (see :class:`AgentProcess`)."""
 
-    stdin: trio.abc.SendStream
-    stdout: trio.abc.ReceiveStream
     terminated_by_bridge: bool
+
+    @property
+    def stdin(self) -> trio.abc.SendStream: ...
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream: ...
 
     @property
     def pid(self) -> int: ...
@@ -568,7 +573,7 @@ class Bridge:
                 await trio.sleep(SETTLE_POLL)
             await self.flush_client()
             for link in tuple(self.links.values()):
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                with contextlib.suppress(*WRITE_FAILED):
                     await link.outbox.settle()
 
     def _from_client(self, raw: bytes) -> None:

@@ -79,7 +79,7 @@ class MemoryAgent:
     async def _answer(self, request_id: Any, result: Any) -> None:
         await self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
-    async def _handle(self, message: Any) -> None:  # noqa: PLR0912 - a flat dispatch
+    async def _handle(self, message: Any) -> None:
         if not isinstance(message, dict):
             return
         method = message.get("method")
@@ -143,11 +143,14 @@ class MemoryAgent:
         with trio.CancelScope(shield=True):
             await self.stdin.aclose()
             with trio.move_on_after(grace):
-                return await self.wait()
+                await self.wait()
+            if self.returncode is not None:
+                return self.returncode
             self.terminated_by_bridge = True
             self.returncode = -15
             self._cancel_scope.cancel()
-            return await self.wait()
+            await self.wait()
+        return self.returncode
 
 
 class MemorySpawner:
