@@ -144,13 +144,12 @@ class MemoryAgent:
             await self.stdin.aclose()
             with trio.move_on_after(grace):
                 await self.wait()
-            if self.returncode is not None:
-                return self.returncode
-            self.terminated_by_bridge = True
-            self.returncode = -15
-            self._cancel_scope.cancel()
-            await self.wait()
-        return self.returncode
+            if not self._exited.is_set():
+                self.terminated_by_bridge = True
+                self.returncode = -15
+                self._cancel_scope.cancel()
+            status = await self.wait()
+        return status
 
 
 class MemorySpawner:

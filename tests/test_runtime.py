@@ -161,3 +161,17 @@ async def test_through_the_cli_a_slow_user_adapter_holds_up_only_its_session(
             assert elapsed < 0.1, f"unrelated traffic waited {elapsed:.3f} s"
             answer = await bridge.receive()
             assert answer["id"] == "held" and "result" in answer
+
+
+async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
+    open_bridge: Any,
+) -> None:
+    with trio.fail_after(20):
+        async with open_bridge(agent_argv=["/no/such/agent", "--acp"]) as bridge:
+            await bridge.request(1, "initialize", {"protocolVersion": 1})
+            answer = await bridge.receive()
+            assert answer["id"] == 1
+            assert "/no/such/agent" in answer["error"]["message"]
+            assert "No such file" in answer["error"]["message"]
+            assert answer["error"]["data"] == {"command": ["/no/such/agent", "--acp"]}
+            assert await bridge.process.wait() != 0
