@@ -110,7 +110,7 @@ class Watch:
 
     initialize_id: RequestId
     answered: bool = False
-    refusal: str = ""
+    accepted: bool = False  # answered with a result, not an error
 
     def look_at(self, line: bytes) -> bytes:
         """The line to pass on; an unaddressed error before the answer becomes the answer."""
@@ -125,11 +125,11 @@ class Watch:
             self.initialize_id
         ):
             self.answered = True
+            self.accepted = "result" in message
             return line
         if message.get("id") is None and isinstance(message.get("error"), dict):
             # Only the initialize has been sent, so an error without an id is about it.
             self.answered = True
-            self.refusal = str(message["error"].get("message", ""))
             return encode_changed({**message, "id": self.initialize_id})
         return line
 
@@ -173,7 +173,7 @@ async def copy_to_editor(
         if not watch.answered and len(pending) > WATCH_LIMIT:
             # A frame this large is no refusal: stop looking and just copy.
             log.warning("the sidecar sent a line over %d bytes before initialize", WATCH_LIMIT)
-            watch.answered = True
+            watch.answered = watch.accepted = True
         if watch.answered:
             out.append(pending)
             pending = b""
@@ -197,7 +197,7 @@ async def run_connect(
     editor_in: trio.abc.ReceiveStream,
     editor_out: trio.abc.SendStream,
 ) -> int:
-    """Relay one editor connection; 0 when initialize was answered by the agent's side."""
+    """Relay one editor connection; 0 when the initialize was accepted, else 1."""
     try:
         first = await read_preamble(editor_in, FIRST_LINE_LIMIT)
     except PreambleTooLong:
@@ -234,7 +234,7 @@ async def run_connect(
     finally:
         with trio.CancelScope(shield=True):
             await sidecar.aclose()
-    return 0 if watch.answered and not watch.refusal else 1
+    return 0 if watch.accepted else 1
 
 
 def check_token_file_mode(path: Path) -> None:

@@ -41,6 +41,9 @@ TOKEN_ENV: Final = "ACP_BRIDGE_TOKEN"
 META_KEY: Final = "acp-bridge"
 # Refusals of a connection (bad token, over the cap, too slow): a server error code.
 CONNECTION_REFUSED: Final = -32000
+# How long, and how many bytes, a refused peer still gets so that it reads the refusal.
+REFUSAL_LINGER: Final = 1.0
+REFUSAL_DRAIN: Final = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -321,8 +324,14 @@ class Server:
     async def _refuse(self, stream: trio.SocketStream, request_id: RequestId, text: str) -> None:
         error = jsonrpc.error_response(request_id, CONNECTION_REFUSED, text)
         # A peer that does not read must not hold the handler.
-        with trio.move_on_after(1):
+        with trio.move_on_after(REFUSAL_LINGER):
             await stream.send_all(jsonrpc.encode(error) + b"\n")
+            await stream.send_eof()
+            # Closing with unread input resets the connection, and a reset can destroy the
+            # answer before the peer reads it: read (and drop) what is still coming first.
+            drained = 0
+            while drained < REFUSAL_DRAIN and (data := await stream.receive_some(65536)):
+                drained += len(data)
 
 
 async def claim_unix_path(path: Path) -> None:
