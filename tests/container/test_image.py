@@ -135,7 +135,7 @@ def test_verify_claude_inside_the_container(names: list[str]) -> None:
     name = f"acp-bridge-verify-{uuid.uuid4().hex[:8]}"
     names.append(name)
     done = subprocess.run(
-        ["podman", "run", "--name", name, *ca_args(), IMAGE, "verify", "--agent", "claude"],
+        ["podman", "run", "--rm", "--name", name, *ca_args(), IMAGE, "verify", "--agent", "claude"],
         capture_output=True,
         text=True,
         timeout=600,
