@@ -146,6 +146,33 @@ def test_verify_claude_inside_the_container(names: list[str]) -> None:
     assert " 0 failed" in done.stdout and "FAIL" not in done.stdout, done.stdout
 
 
+def test_stdio_mode_runs_the_bridge_in_front_of_the_agent(names: list[str]) -> None:
+    name = f"acp-bridge-stdio-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    requests = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INITIALIZE},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "session/new",
+            "params": {"cwd": "/", "mcpServers": [], "systemPrompt": system_prompt("STDIO")},
+        },
+    ]
+    done = subprocess.run(
+        ["podman", "run", "-i", "--rm", "--name", name,
+         "-v", f"{FAKE_AGENT}:/opt/fake/fake_agent.py:ro",
+         IMAGE, "--", "python3", "/opt/fake/fake_agent.py", "--caps", NATIVE],
+        input="".join(json.dumps(r) + "\n" for r in requests),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    # stdin closed: the bridge stopped the agent and the container ended on its own.
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [0, 1]
+    assert answers[0]["result"]["agentCapabilities"]["sessionCapabilities"]["systemPrompt"] == {}
+    assert "sessionId" in answers[1]["result"]
+
+
 async def test_sidecar_with_a_token_reached_through_connect(
     tmp_path: Path, names: list[str]
 ) -> None:
