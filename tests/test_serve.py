@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,34 @@ def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
         process.terminate()
         process.wait(10)
     assert any("visible to every local user" in line for line in seen), seen
+
+
+async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    socket_path = tmp_path / "s.sock"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("ACP_BRIDGE_TOKEN", None)
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv += ["--listen", f"unix:{socket_path}", "--token-file", str(token_file)]
+    argv += ["--max-connections", "4", "--", sys.executable, FAKE_AGENT]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(partial(trio.run_process, argv, env=env, check=False))
+        try:
+            with trio.fail_after(20):
+                while not socket_path.exists():
+                    await trio.sleep(0.05)
+                answers = []
+                for token in ("wrong", "from-a-file"):
+                    stream = await trio.open_unix_socket(str(socket_path))
+                    async with connect(stream, stream) as client:
+                        params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": token}}}
+                        try:
+                            answers.append(await client.request("initialize", params))
+                        except ClientRequestError as exc:
+                            answers.append(exc.code)
+                    await stream.aclose()
+        finally:
+            process.terminate()
+    assert answers[0] == -32000
+    assert answers[1]["protocolVersion"] == 1
