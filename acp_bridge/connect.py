@@ -104,6 +104,15 @@ async def open_sidecar(address: ListenAddress) -> trio.SocketStream:
         return await trio.open_tcp_stream(address.host, address.port)
 
 
+def connect_failure(exc: BaseException) -> str:
+    """Why connecting failed, in the words of the system call (not only "all attempts")."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"no answer within {CONNECT_TIMEOUT:g}s"
+    attempts = getattr(exc.__cause__, "exceptions", ())
+    reasons = [str(a.strerror or a) for a in attempts if isinstance(a, OSError)]
+    return "; ".join(dict.fromkeys(reasons)) or str(exc)
+
+
 @dataclass
 class Watch:
     """The sidecar's side until the editor's initialize is answered."""
@@ -211,7 +220,7 @@ async def run_connect(
     try:
         sidecar = await open_sidecar(address)
     except (OSError, trio.TooSlowError) as exc:
-        cause = str(exc) or f"no answer within {CONNECT_TIMEOUT:g}s"
+        cause = connect_failure(exc)
         log.error("cannot reach the sidecar at %s: %s", address, cause)
         await editor_out.send_all(
             error_line(
