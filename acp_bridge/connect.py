@@ -162,7 +162,7 @@ async def copy_to_editor(
     sidecar: trio.SocketStream, editor_out: trio.abc.SendStream, watch: Watch
 ) -> None:
     """Copy the sidecar's bytes; look at whole lines only until initialize is answered."""
-    pending = b""
+    pending = bytearray()  # an incomplete line, while watching
     while True:
         try:
             data = await sidecar.receive_some(CHUNK)
@@ -173,10 +173,13 @@ async def copy_to_editor(
         if watch.answered:
             await editor_out.send_all(data)
             continue
+        searched = len(pending)  # the bytes held so far have no newline
         pending += data
         out: list[bytes] = []
-        while not watch.answered and (newline := pending.find(b"\n")) >= 0:
-            line, pending = pending[:newline], pending[newline + 1 :]
+        while not watch.answered and (newline := pending.find(b"\n", searched)) >= 0:
+            line = bytes(pending[:newline])
+            del pending[: newline + 1]
+            searched = 0
             terminator = b"\r\n" if line.endswith(b"\r") else b"\n"
             out.append(watch.look_at(line.removesuffix(b"\r")) + terminator)
         if not watch.answered and len(pending) > WATCH_LIMIT:
@@ -184,15 +187,15 @@ async def copy_to_editor(
             log.warning("the sidecar sent a line over %d bytes before initialize", WATCH_LIMIT)
             watch.answered = watch.accepted = True
         if watch.answered:
-            out.append(pending)
-            pending = b""
+            out.append(bytes(pending))
+            pending.clear()
         if out:
             await editor_out.send_all(b"".join(out))
     if not watch.answered:
+        # An unfinished line is not a frame; the editor gets only the answer.
         log.warning("the sidecar closed the connection before answering initialize")
         await editor_out.send_all(
-            pending
-            + error_line(
+            error_line(
                 watch.initialize_id,
                 "acp-bridge connect: the sidecar closed the connection before answering "
                 "initialize; its log says why.",

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -187,3 +188,53 @@ def test_the_token_is_never_an_argument() -> None:
     done = os.popen(f"{sys.executable} -m acp_bridge connect --help").read()
     assert "--token-file" in done
     assert "--token " not in done and "--token\n" not in done
+
+
+@asynccontextmanager
+async def scripted_sidecar(chunks: list[bytes]) -> AsyncIterator[str]:
+    """A TCP peer that reads the first line, writes ``chunks`` one by one, then closes."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        received = b""
+        while b"\n" not in received:
+            received += await stream.receive_some(65536)
+        for chunk in chunks:
+            await stream.send_all(chunk)
+            await trio.sleep(0.05)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        serve_tcp = partial(trio.serve_tcp, handle, 0, host="127.0.0.1")
+        listeners = await nursery.start(serve_tcp)
+        yield f"tcp://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sidecar_that_closes_before_answering_yields_an_error(tmp_path: Path) -> None:
+    # A notification, then half a line: neither answers the initialize.
+    chunks = [b'{"jsonrpc":"2.0","method":"x/note"}\n', b'{"jsonrpc":"2.0","id":']
+    with trio.fail_after(20):
+        async with scripted_sidecar(chunks) as address, open_connect(
+            address, tmp_path / "editor"
+        ) as editor:
+            await editor.request(8, "initialize", INITIALIZE)
+            lines = await editor.read_to_eof()
+            assert await editor.wait() == 1
+    assert lines[0] == b'{"jsonrpc":"2.0","method":"x/note"}'
+    answer = json.loads(lines[1])
+    assert answer["id"] == 8 and "before answering initialize" in answer["error"]["message"]
+    assert len(lines) == 2
+
+
+async def test_an_answer_split_across_reads_is_passed_on_unchanged(tmp_path: Path) -> None:
+    answer = b'{"jsonrpc":"2.0", "id":8,"result":{"protocolVersion":1}}\r\n'
+    after = b'{"jsonrpc":"2.0","method":"x/after"}\n'
+    chunks = [answer[:10], answer[10:30], answer[30:] + after[:5], after[5:]]
+    with trio.fail_after(20):
+        async with scripted_sidecar(chunks) as address, open_connect(
+            address, tmp_path / "editor"
+        ) as editor:
+            await editor.request(8, "initialize", INITIALIZE)
+            await editor.read_to_eof()
+            assert await editor.wait() == 0
+    assert bytes(editor.received) == answer + after
