@@ -55,6 +55,8 @@ PLACEHOLDER: Final = re.compile(
     r"\$(?=\{(?:AgentSkills|SubAgents|AvailableTools|[^}]*_ToolName)\})"
 )
 WORD_JOINER: Final = "\u2060"
+# Versions whose session/load was measured failing for every session.
+LOAD_BROKEN_VERSIONS: Final = frozenset({"0.61.0"})
 
 
 def protect_placeholders(text: str) -> str:
@@ -107,6 +109,17 @@ class GeminiAdapter(PoolAdapter):
     def detect(cls, initialize_result: JsonObject) -> bool:
         info = initialize_result.get("agentInfo")
         return isinstance(info, dict) and info.get("name") == AGENT_NAME
+
+    @classmethod
+    def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:
+        info = initialize_result.get("agentInfo")
+        version = info.get("version") if isinstance(info, dict) else None
+        if version in LOAD_BROKEN_VERSIONS:
+            return {
+                "session/load": f"gemini-cli {version} advertises loadSession but its "
+                "session/load fails upstream (No previous sessions found for this project.)"
+            }
+        return {}
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         if not prompt.text.strip():
