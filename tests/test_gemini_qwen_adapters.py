@@ -96,3 +96,11 @@ def test_qwen_append_is_one_argument_that_cannot_be_read_as_an_option() -> None:
     assert list(config.args) == ["--append-system-prompt=--help"]
     with pytest.raises(PromptRefused):
         qwen.process_config(SystemPrompt.of_text("append", "  \n"), private)
+
+
+def test_gemini_0_61_declares_its_broken_session_load_and_nothing_else_does() -> None:
+    measured = {"agentInfo": {"name": "gemini-cli", "version": "0.61.0"}}
+    assert list(GeminiAdapter.broken_methods(measured)) == ["session/load"]
+    other = {"agentInfo": {"name": "gemini-cli", "version": "0.62.0"}}
+    assert GeminiAdapter.broken_methods(other) == {}
+    assert QwenAdapter.broken_methods({"agentInfo": {"name": "qwen-code"}}) == {}
