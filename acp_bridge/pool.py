@@ -214,6 +214,20 @@ class PoolAdapter(Adapter):
         """Where the private directories are made; None: the system's temporary folder."""
         return None
 
+    def agent_environment(self) -> Mapping[str, str] | None:
+        """The environment the agent's processes start with (the bridge's own plus the
+        configured agent environment), or None when the context cannot say.
+
+        An adapter needs it to find the agent's own files (its home, its settings) the way
+        the agent will. It is read from ``AdapterContext.agent_environment()`` where the
+        context offers that method.
+        """
+        provided = getattr(self.context, "agent_environment", None)
+        if not callable(provided):
+            return None
+        environment: Mapping[str, str] = provided()
+        return environment
+
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)
 
