@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+from test_runtime import bridge_over_memory, new_session
 
 from acp_bridge.registry import AdapterRegistry
-from test_runtime import bridge_over_memory, new_session
 
 EXAMPLES = Path(__file__).parent.parent / "docs" / "examples" / "adapters"
 
