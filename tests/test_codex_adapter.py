@@ -345,9 +345,10 @@ async def test_a_process_without_live_sessions_is_stopped_after_the_idle_timeout
     async with codex_bridge(tmp_path, idle_timeout=0.2) as h:
         session = await h.new(override("short-lived"))
         pid = (await h.served_by(session))["pid"]
-        instructions = h.adapter.pool[SystemPrompt.from_wire(override("short-lived")).fingerprint()]
-        path = instructions.instructions_file
-        assert path is not None and path.exists()
+        pooled = h.adapter.pool[SystemPrompt.from_wire(override("short-lived")).fingerprint()]
+        assert pooled.private is not None
+        path = pooled.private.path / "instructions.md"
+        assert path.exists()
         await trio.sleep(0.4)
         assert pid_alive(pid)  # a live session keeps it running
         await h.client.request("session/close", {"sessionId": session})
@@ -363,8 +364,8 @@ async def test_override_instructions_file_is_private_to_the_user(tmp_path: Path)
     async with codex_bridge(tmp_path) as h:
         await h.new(override("secret persona"))
         (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
-        path = pooled.instructions_file
-        assert path is not None
+        assert pooled.private is not None
+        path = pooled.private.path / "instructions.md"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert path.read_text() == "secret persona"
