@@ -6,9 +6,12 @@ The GitHub Copilot CLI takes no prompt over ACP (it ignores ``systemPrompt`` and
 in ``COPILOT_CUSTOM_INSTRUCTIONS_DIRS`` (a comma-separated list), among other places. So
 this adapter is a :class:`~acp_bridge.pool.PoolAdapter`: each prompt's process gets a
 private directory holding ``.github/instructions/acp-bridge.instructions.md`` with the
-text and no front matter, added to that list. Copilot puts the file's text into its
-system message verbatim, after its own instructions (measured on 1.0.102), so ``append``
-is offered. No route replaces Copilot's own prompt, so ``override`` is not.
+text, added to that list. Copilot puts the whole file into its system message verbatim,
+after its own instructions (measured on 1.0.102), front matter included, so the bridge
+writes none. But a file that opens with ``---`` is read as front matter first: with an
+``applyTo:`` line in it, Copilot lists the file as a conditional instruction instead of
+inserting it. Such a text gets one newline before it (see :func:`file_text`). ``append``
+is offered; no route replaces Copilot's own prompt, so ``override`` is not.
 
 Sessions live under the user's ``~/.copilot``, shared by every process, and the system
 message is rebuilt from the serving process's instructions on every turn: a session
@@ -29,6 +32,12 @@ AGENT_NAME: Final = "Copilot"
 DIRS_VARIABLE: Final = "COPILOT_CUSTOM_INSTRUCTIONS_DIRS"
 # Copilot reads `*.instructions.md` under a listed directory's `.github/instructions/`.
 INSTRUCTIONS_FILE: Final = ".github/instructions/acp-bridge.instructions.md"
+
+
+def file_text(text: str) -> str:
+    """The instructions file for ``text``: the text, after a newline if it opens like
+    front matter (Copilot reads front matter only from a file's first line)."""
+    return "\n" + text if text.lstrip("\ufeff").startswith("---") else text
 
 
 def instruction_dirs(own: str | None, private: str) -> str:
@@ -64,7 +73,7 @@ class CopilotAdapter(PoolAdapter):
                 INVALID_PARAMS,
             )
         try:
-            private.write(INSTRUCTIONS_FILE, prompt.text)
+            private.write(INSTRUCTIONS_FILE, file_text(prompt.text))
         except UnicodeEncodeError as exc:
             raise PromptRefused(
                 f"The append system prompt contains a lone surrogate (position {exc.start}), "

@@ -18,6 +18,7 @@ import pytest
 # which mypy cannot follow.
 from acp_bridge.adapters.copilot import (  # type: ignore[import-not-found,unused-ignore]
     CopilotAdapter,
+    file_text,
     instruction_dirs,
 )
 
@@ -27,7 +28,7 @@ from acp_bridge.pool import PrivateDir, PromptRefused
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.system_prompt import SystemPrompt
 
-TEXT = "---\nnot: front matter\n---\n  {{x}} $HOME\n\t \n"
+TEXT = "  {{x}} $HOME\n---\n\t \n"
 INITIALIZE = {"agentInfo": {"name": "Copilot", "title": "Copilot", "version": "1.0.102"}}
 
 
@@ -63,6 +64,17 @@ def test_append_is_an_instructions_file_in_a_listed_private_directory(
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
+def test_a_text_that_opens_like_front_matter_is_not_read_as_front_matter(
+    adapter: CopilotAdapter, private: PrivateDir
+) -> None:
+    # Copilot takes a first `---` block naming applyTo as a condition and then lists the
+    # file instead of inserting it; one newline before the text keeps it inserted.
+    text = "---\napplyTo: nothing\n---\nbody\n"
+    adapter.process_config(SystemPrompt.of_text("append", text), private)
+    (path,) = (private.path / ".github" / "instructions").iterdir()
+    assert path.read_text(encoding="utf-8") == "\n" + text
+
+
 def test_the_users_own_instruction_directories_stay_listed(
     adapter: CopilotAdapter, private: PrivateDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,6 +82,7 @@ def test_the_users_own_instruction_directories_stay_listed(
     config = adapter.process_config(SystemPrompt.of_text("append", TEXT), private)
     assert config.env["COPILOT_CUSTOM_INSTRUCTIONS_DIRS"] == f"/a,/b,{private.path}"
     assert instruction_dirs(" , /a,", "/p") == " /a,/p"
+    assert file_text("\ufeff---\n") == "\n\ufeff---\n" and file_text("a\n---") == "a\n---"
     with pytest.raises(PromptRefused, match="comma"):
         instruction_dirs(None, "/tmp/a,b")
 
