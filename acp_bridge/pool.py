@@ -321,7 +321,8 @@ class PoolAdapter(Adapter):
                 return  # stopped by the pool, which cleaned up
             await trio.sleep(EXIT_POLL_INTERVAL)
         if self.pool.get(pooled.key) is pooled:
-            self.log.warning("%s exited; its sessions are gone", pooled.link.name)
+            # The relay logs how it exited; a crash is a warning there.
+            self.log.info("%s exited; its sessions are gone", pooled.link.name)
             self._forget(pooled)
 
     def _running(self) -> int:
