@@ -258,12 +258,16 @@ async def test_verify_passes_every_step_against_real_copilot(
     copilot_binary: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "config.yaml"
+    # The preset unpacks copilot into $HOME/.cache/copilot: share the tests' copy instead.
     config.write_text(
-        f"agents:\n  copilot:\n    command: {json.dumps(str(copilot_binary))}\n    args: [--acp]\n"
+        f"agents:\n  copilot:\n    command: {json.dumps(str(copilot_binary))}\n"
+        "    args: [--acp]\n    verify:\n      env:\n"
+        f"        COPILOT_PKG_CACHE_HOME: {json.dumps(str(unpacked_cache()))}\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith(("COPILOT_", "GH_"))}
     env = {**agents.clean_agent_env(base), "HOME": str(tmp_path)}
     report = await run_verify("--config", str(config), "--agent", "copilot", env=env, timeout=300)
     report.assert_passed()
+    assert not (tmp_path / ".cache" / "copilot").exists()
     # Copilot has no session/fork: that row is skipped, every other one passes.
     assert report.table.count("PASS") == 6 and report.table.count("SKIP") == 1, report.table
