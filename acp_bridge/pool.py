@@ -214,6 +214,26 @@ class PoolAdapter(Adapter):
         """Where the private directories are made; None: the system's temporary folder."""
         return None
 
+    async def opened(self, link: AgentLink, session_id: str, prompt: SystemPrompt | None) -> None:
+        """A session was opened (new, fork, load, resume) in ``link``'s process with
+        ``prompt``: per-session work an agent needs (e.g. selecting a mode) goes here,
+        before the client sees the response. Raise :class:`PromptRefused` to answer the
+        client with an error instead (the session stays open in the agent)."""
+
+    def agent_environment(self) -> Mapping[str, str] | None:
+        """The environment the agent's processes start with (the bridge's own plus the
+        configured agent environment), or None when the context cannot say.
+
+        An adapter needs it to find the agent's own files (its home, its settings) the way
+        the agent will. It is read from ``AdapterContext.agent_environment()`` where the
+        context offers that method.
+        """
+        provided = getattr(self.context, "agent_environment", None)
+        if not callable(provided):
+            return None
+        environment: Mapping[str, str] = provided()
+        return environment
+
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)
 
@@ -403,7 +423,10 @@ class PoolAdapter(Adapter):
             session_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
             if reply.ok and isinstance(session_id, str):
                 self._hold(session_id, pooled)
+                await self.opened(pooled.link, session_id, call.prompt)
             return reply
+        except PromptRefused as exc:
+            return exc.reply()
         finally:
             self._release(pooled)
 
@@ -431,7 +454,10 @@ class PoolAdapter(Adapter):
                 reply = await call.forward(pooled.link)
             if reply.ok and session_id is not None:
                 self._hold(session_id, pooled)
+                await self.opened(pooled.link, session_id, call.prompt)
             return reply
+        except PromptRefused as exc:
+            return exc.reply()
         finally:
             self._release(pooled)
 

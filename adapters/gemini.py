@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -64,9 +65,9 @@ def protect_placeholders(text: str) -> str:
     return PLACEHOLDER.sub("$" + WORD_JOINER, text)
 
 
-def user_gemini_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def user_gemini_dir(environ: Mapping[str, str]) -> Path:
     """The user's own ``.gemini`` folder, as gemini finds it."""
-    home = environ.get("GEMINI_CLI_HOME") or os.path.expanduser("~")
+    home = environ.get("GEMINI_CLI_HOME") or environ.get("HOME") or os.path.expanduser("~")
     return Path(home) / GEMINI_DIR
 
 
@@ -137,7 +138,8 @@ class GeminiAdapter(PoolAdapter):
 
     def _private_home(self, prompt: SystemPrompt, private: PrivateDir) -> Path:
         """A home whose ``.gemini`` is the user's, plus the bridge's context file."""
-        user_dir = user_gemini_dir()
+        # The agent's own environment where the relay tells it (a configured HOME).
+        user_dir = user_gemini_dir(self.agent_environment() or os.environ)
         settings = merged_settings(user_dir / SETTINGS_FILE)
         own = private.mkdir(GEMINI_DIR)
         if user_dir.is_dir():

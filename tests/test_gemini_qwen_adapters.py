@@ -55,15 +55,23 @@ def test_settings_carry_the_users_own_and_add_the_bridge_context_file(tmp_path: 
         merged_settings(user)
 
 
-def test_gemini_append_home_links_the_users_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class KnownEnvironment:
+    """The part of an AdapterContext that says the agent's environment."""
+
+    def __init__(self, environment: dict[str, str]) -> None:
+        self.environment = environment
+
+    def agent_environment(self) -> dict[str, str]:
+        return self.environment
+
+
+def test_gemini_append_home_links_the_users_files(tmp_path: Path) -> None:
     user_home = tmp_path / "user"
     (user_home / ".gemini").mkdir(parents=True)
     (user_home / ".gemini" / "oauth_creds.json").write_text("{}")
-    monkeypatch.setenv("HOME", str(user_home))
-    monkeypatch.delenv("GEMINI_CLI_HOME", raising=False)
     adapter = GeminiAdapter.__new__(GeminiAdapter)
+    # The agent's HOME (e.g. configured for the agent), not the bridge's own.
+    adapter.context = KnownEnvironment({"HOME": str(user_home)})  # type: ignore[assignment,unused-ignore]
     private = PrivateDir.create("t-", tmp_path / "private")
     config = adapter.process_config(SystemPrompt.of_text("append", "@x\nrules"), private)
     home = Path(config.env["GEMINI_CLI_HOME"])

@@ -385,6 +385,37 @@ async def test_shutdown_stops_every_process_and_removes_every_file(private_dirs:
     assert not pool.context.processes[0].closed
 
 
+async def test_opened_runs_per_session_before_the_client_gets_the_response(
+    private_dirs: Path,
+) -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    class ModePool(FilePool):
+        async def opened(
+            self, link: AgentLink, session_id: str, prompt: SystemPrompt | None
+        ) -> None:
+            seen.append((link.name, session_id, prompt.text if prompt else None))
+            if prompt is not None and prompt.text == "refuse":
+                raise PromptRefused("no mode for this prompt")
+
+    async with trio.open_nursery() as nursery:
+        context = FakeContext(nursery)
+        pool = Pool(ModePool(context), context)
+        session = await pool.new(append("A"))
+        call = pool.call("session/load", session, prompt=append("B"))
+        assert (await pool.adapter.session_load(call)).ok
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("refuse")))
+        assert reply.error is not None and reply.error["message"] == "no mode for this prompt"
+        await pool.adapter.aclose()
+        nursery.cancel_scope.cancel()
+    assert [(name, text) for name, _, text in seen] == [
+        ("agent-1", "A"),
+        ("agent-2", "B"),
+        ("agent-3", "refuse"),
+    ]
+    assert seen[0][1] == seen[1][1] == session
+
+
 async def test_invalid_options_name_the_adapter_and_the_key() -> None:
     async with trio.open_nursery() as nursery:
         with pytest.raises(ValueError, match=r"bridge.adapter_options.file-pool: max_processes"):

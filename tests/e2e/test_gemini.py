@@ -141,17 +141,22 @@ async def test_template_like_text_arrives_as_sent(gemini: PooledAgent) -> None:
     assert "- read_file" not in with_override.split("end of text")[0]
 
 
-async def test_session_load_failure_is_gemini_s_own_answer(gemini: PooledAgent) -> None:
+async def test_session_load_after_a_restart_is_gemini_s_own_answer(gemini: PooledAgent) -> None:
     with trio.fail_after(TIMEOUT):
         async with gemini.bridge() as client:
             session = await gemini.new_session(client, append("MARKER-L"))
             await gemini.ask(client, session)
         async with gemini.bridge() as client:
-            with pytest.raises(ClientRequestError) as failed:
+            try:
                 await gemini.reopen(client, "session/load", session)
-    # gemini 0.61.0 cannot load its own sessions; the bridge passes its answer on.
-    assert failed.value.code == -32603
-    assert "session" in json.dumps(failed.value.error).lower()
+            except ClientRequestError as failed:
+                # gemini 0.61.0's session/load is broken upstream; the bridge passes the
+                # agent's own error on, not one of its own.
+                assert failed.code == -32603
+                assert "details" in failed.error["data"]
+                return
+            # When gemini does load it, the session runs with its stored prompt.
+            assert "MARKER-L" in (await gemini.ask(client, session)).system_text()
 
 
 async def test_append_home_is_private_and_the_users_settings_are_untouched(
