@@ -81,5 +81,7 @@ class CopilotAdapter(PoolAdapter):
                 {"field": "systemPrompt.content"},
                 INVALID_PARAMS,
             ) from None
-        dirs = instruction_dirs(os.environ.get(DIRS_VARIABLE), str(private.path))
+        environment = self.agent_environment()
+        own = (os.environ if environment is None else environment).get(DIRS_VARIABLE)
+        dirs = instruction_dirs(own, str(private.path))
         return ProcessConfig(env={DIRS_VARIABLE: dirs})

@@ -93,13 +93,14 @@ class OpencodeAdapter(PoolAdapter):
         return isinstance(info, dict) and info.get("name") == AGENT_NAME
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        own = os.environ.get(CONFIG_VARIABLE)
+        environment = self.agent_environment()
+        own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
         if own:
             # One variable, one file: replacing it would silently drop the user's layer.
             raise PromptRefused(
                 f"The bridge gives opencode a system prompt through {CONFIG_VARIABLE}, "
-                f"which is already set ({own}); move that configuration to opencode's "
-                f"global config file or unset {CONFIG_VARIABLE}.",
+                f"which is already set for the agent ({own}); move that configuration to "
+                f"opencode's global config file or unset {CONFIG_VARIABLE}.",
                 {"variable": CONFIG_VARIABLE},
             )
         if prompt.mode == "override" and not prompt.text:

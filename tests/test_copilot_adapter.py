@@ -39,6 +39,16 @@ class Context:
         return {}
 
 
+class ContextWithEnvironment(Context):
+    """A relay that tells the environment its agent processes start with."""
+
+    def __init__(self, environment: Mapping[str, str]) -> None:
+        self.environment = environment
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return self.environment
+
+
 @pytest.fixture
 def adapter() -> CopilotAdapter:
     return CopilotAdapter(Context())
@@ -81,6 +91,11 @@ def test_the_users_own_instruction_directories_stay_listed(
     monkeypatch.setenv("COPILOT_CUSTOM_INSTRUCTIONS_DIRS", "/a,/b")
     config = adapter.process_config(SystemPrompt.of_text("append", TEXT), private)
     assert config.env["COPILOT_CUSTOM_INSTRUCTIONS_DIRS"] == f"/a,/b,{private.path}"
+    # Where the relay tells the agent's environment (a preset's env included), that counts.
+    told = CopilotAdapter(ContextWithEnvironment({"COPILOT_CUSTOM_INSTRUCTIONS_DIRS": "/c"}))
+    other = PrivateDir.create("acp-bridge-copilot-", private.path.parent)
+    config = told.process_config(SystemPrompt.of_text("append", TEXT), other)
+    assert config.env["COPILOT_CUSTOM_INSTRUCTIONS_DIRS"] == f"/c,{other.path}"
     assert instruction_dirs(" , /a,", "/p") == " /a,/p"
     assert file_text("\ufeff---\n") == "\n\ufeff---\n" and file_text("a\n---") == "a\n---"
     with pytest.raises(PromptRefused, match="comma"):

@@ -43,6 +43,16 @@ class Context:
         return {}
 
 
+class ContextWithEnvironment(Context):
+    """A relay that tells the environment its agent processes start with."""
+
+    def __init__(self, environment: Mapping[str, str]) -> None:
+        self.environment = environment
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return self.environment
+
+
 @pytest.fixture
 def adapter() -> OpencodeAdapter:
     return OpencodeAdapter(Context())
@@ -119,6 +129,11 @@ def test_a_users_own_opencode_config_variable_is_not_replaced(
     monkeypatch.setenv("OPENCODE_CONFIG", "/home/me/opencode.json")
     with pytest.raises(PromptRefused, match="already set"):
         adapter.process_config(SystemPrompt.of_text("append", "x"), private)
+    # Where the relay tells the agent's environment (a preset's env included), that counts.
+    monkeypatch.delenv("OPENCODE_CONFIG")
+    told = OpencodeAdapter(ContextWithEnvironment({"OPENCODE_CONFIG": "/preset.json"}))
+    with pytest.raises(PromptRefused, match="preset"):
+        told.process_config(SystemPrompt.of_text("append", "x"), private)
 
 
 def test_chosen_automatically_by_the_name_opencode_reports() -> None:
