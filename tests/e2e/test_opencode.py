@@ -277,6 +277,37 @@ async def test_load_after_a_bridge_restart_keeps_each_sessions_prompt(
     assert [o["currentValue"] for o in mode_choice(loaded)] == ["build"]
 
 
+async def test_the_users_own_config_stays_in_force_under_the_bridges_layer(
+    opencode: OpencodeHome,
+) -> None:
+    config_dir = opencode.home / ".config" / "opencode"
+    config_dir.mkdir(parents=True)
+    own_instructions = opencode.root / "mine.md"
+    own_instructions.write_text("USER-INSTRUCTIONS\n")
+    own = {"instructions": [str(own_instructions)], "agent": {"build": {"prompt": "USER-BUILD"}}}
+    (config_dir / "opencode.json").write_text(json.dumps(own))
+    with trio.fail_after(TIMEOUT):
+        async with opencode.bridge() as run:
+            plain = await run.turn((await run.new())["sessionId"])
+            extended = await run.turn(
+                (await run.new(text_prompt("append", "MARKER-A")))["sessionId"]
+            )
+            replaced_by_client = await run.turn(
+                (await run.new(text_prompt("override", "MARKER-O")))["sessionId"]
+            )
+    assert plain.system_text().startswith("USER-BUILD\n")
+    # append adds to the user's instructions; override replaces the user's agent prompt too.
+    assert extended.system_text().startswith("USER-BUILD\n")
+    assert "USER-INSTRUCTIONS" in extended.system_text() and "MARKER-A" in extended.system_text()
+    assert replaced(replaced_by_client, "MARKER-O")
+    assert "USER-BUILD" not in replaced_by_client.system_text()
+    assert "USER-INSTRUCTIONS" in replaced_by_client.system_text()
+    # opencode itself adds a "$schema" key to the user's file (without the bridge too).
+    after = json.loads((config_dir / "opencode.json").read_text())
+    after.pop("$schema", None)
+    assert after == own
+
+
 async def test_empty_override_is_refused_not_replaced_by_opencodes_own(
     opencode: OpencodeHome,
 ) -> None:
