@@ -387,9 +387,7 @@ async def test_chat_title_call_answers_the_title_and_is_not_main() -> None:
             # delay only holds main calls: the side call must still answer at once.
             events = (await call(endpoint, "POST", "/v1/chat/completions", body)).sse()
             text = "".join(
-                c["choices"][0]["delta"].get("content", "")
-                for _, c in events[:-1]
-                if c["choices"]
+                c["choices"][0]["delta"].get("content", "") for _, c in events[:-1] if c["choices"]
             )
             assert text == "Greeting"
             assert [r.kind for r in endpoint.requests] == ["title"]
