@@ -104,6 +104,22 @@ class Interception:
     forwarded_as: tuple[int, RequestId] | None = None
 
 
+def cancelled_request(message: JsonObject) -> JsonObject | None:
+    """The params of a ``$/cancel_request`` that names a request; None for anything else.
+
+    A cancel without a usable ``requestId`` is passed on as it came, never translated.
+    """
+    params = message.get("params")
+    if (
+        message["method"] == CANCEL_REQUEST
+        and isinstance(params, dict)
+        and "requestId" in params
+        and is_request_id(params["requestId"])
+    ):
+        return params
+    return None
+
+
 def _single_kind(message: Any) -> Kind | None:
     """A batch member's kind by the rules of :func:`jsonrpc.classify_message`; None: malformed."""
     if not isinstance(message, dict):
@@ -239,13 +255,8 @@ class Router:
         return hop, {**message, "id": wire_id}, True
 
     def _client_notification(self, message: JsonObject) -> tuple[int, Any, bool] | None:
-        params = message.get("params")
-        if (
-            message["method"] == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and "requestId" in params
-            and is_request_id(params["requestId"])
-        ):
+        params = cancelled_request(message)
+        if params is not None:
             target = self._client_inflight.get(params["requestId"])
             if target is not None:
                 hop, wire_id = target
@@ -430,13 +441,8 @@ class Router:
         return events
 
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
-        params = message.get("params")
-        if (
-            message["method"] == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and "requestId" in params
-            and is_request_id(params["requestId"])
-        ):
+        params = cancelled_request(message)
+        if params is not None:
             client_id = self._agent_request_ids.get((hop, params["requestId"]), params["requestId"])
             if client_id != params["requestId"]:
                 return {**message, "params": {**params, "requestId": client_id}}, True
