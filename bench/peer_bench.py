@@ -1,6 +1,6 @@
 """acp-bridge beside its peer, the TypeScript ACP conductor, measured in one run.
 
-    python bench/peer_bench.py [--rounds 3] [--quick] [--only FIGURE ...]
+    python bench/peer_bench.py [--rounds 5] [--quick] [--only FIGURE ...]
 
 Four ways for a client to reach the same agent, each measured in the same run, interleaved
 (every figure takes one fresh process per path per round; the order of the paths turns
@@ -388,7 +388,7 @@ def report(results: Results, rounds: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=None, help="default 3, 1 with --quick")
+    parser.add_argument("--rounds", type=int, default=None, help="default 5, 1 with --quick")
     parser.add_argument("--quick", action="store_true", help="fewer and smaller samples")
     parser.add_argument("--only", nargs="+", metavar="FIGURE",
                         choices=["start", "rtt", "notes_c2a", "notes_a2c", "mib1", "mib16",
@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--verbose", action="store_true", help="time each measurement")
     args = parser.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 1 if args.quick else 3
+        args.rounds = 1 if args.quick else 5
 
     conductor_dir = install_conductor()
     started = time.perf_counter()
