@@ -1,0 +1,140 @@
+"""What reading a frame's envelope costs, per frame, for the frames a session is made of.
+
+    python bench/envelope_bench.py [--seconds 0.3]
+
+For each frame (typical ``session/update`` notifications, a request, a response and a
+1 MiB frame) it times, in frames per second:
+
+* ``parse``: ``jsonrpc.parse``, what the relay calls on every frame today;
+* ``json.loads``: the bare decode, no classification;
+* ``scan``: ``envelope.scan``, json's C scanner without the decoder's wrapper, classified
+  in place (exact, validates the whole line);
+* ``token regex``: one ``re`` match of the line as a flat sequence of JSON tokens. It checks
+  less than the JSON grammar (not nesting, not the order of tokens), so it is a lower bound
+  for validating with ``re``; it shows that ``re`` is no faster a validator than json;
+* ``prefix regex``: reading ``method`` and ``params.sessionId`` from the start of a line
+  written in the common key order, validating nothing: what skipping validation would buy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from acp_bridge import jsonrpc
+from acp_bridge.envelope import scan
+
+FRAMES: Final = {
+    "agent_message_chunk": {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "Hello! How can I help you"},
+            },
+        },
+    },
+    "tool_call": {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "update": {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "toolu_01ABCDEF",
+                "title": "Read src/main.py",
+                "kind": "read",
+                "status": "pending",
+                "locations": [{"path": "/home/user/project/src/main.py", "line": 1}],
+                "rawInput": {"file_path": "/home/user/project/src/main.py", "limit": 200},
+            },
+        },
+    },
+    "tool_call_update (4 KiB)": {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "update": {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "toolu_01ABCDEF",
+                "status": "completed",
+                "content": [
+                    {"type": "content", "content": {"type": "text", "text": "line\n" * 820}}
+                ],
+            },
+        },
+    },
+    "session/prompt request": {
+        "jsonrpc": "2.0",
+        "id": 12,
+        "method": "session/prompt",
+        "params": {
+            "sessionId": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "prompt": [{"type": "text", "text": "Explain this function, please."}],
+        },
+    },
+    "response": {"jsonrpc": "2.0", "id": 12, "result": {"stopReason": "end_turn"}},
+    "1 MiB request": {
+        "jsonrpc": "2.0",
+        "id": 13,
+        "method": "session/prompt",
+        "params": {
+            "sessionId": "s",
+            "prompt": [{"type": "image", "mimeType": "image/png", "data": "A" * (1 << 20)}],
+        },
+    },
+}
+
+TOKEN_REGEX: Final = re.compile(
+    rb'(?:[ \t\n\r]*(?:"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
+    rb"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null|[{}\[\],:]))*"
+    rb"[ \t\n\r]*"
+)
+PREFIX_REGEX: Final = re.compile(
+    rb'\{"jsonrpc":"2\.0",(?:"id":(-?[0-9]+|"[^"\\]*"),)?"method":"([^"\\]*)"'
+    rb'(?:,"params":\{"sessionId":"([^"\\]*)")?'
+)
+
+
+def rate(read: Callable[[bytes], Any], raw: bytes, seconds: float) -> float:
+    count, batch = 0, 16
+    started = time.perf_counter()
+    deadline = started + seconds
+    while (now := time.perf_counter()) < deadline:
+        for _ in range(batch):
+            read(raw)
+        count += batch
+        if now - started < seconds / 10:
+            batch *= 2
+    return count / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.3, help="per figure, best of 3")
+    args = parser.parse_args()
+    readers: dict[str, Callable[[bytes], Any]] = {
+        "parse": jsonrpc.parse,
+        "json.loads": json.loads,
+        "scan": scan,
+        "token regex": TOKEN_REGEX.fullmatch,
+        "prefix regex": PREFIX_REGEX.match,
+    }
+    print(f"{'frame':28} {'bytes':>8} " + " ".join(f"{name:>13}" for name in readers))
+    for name, message in FRAMES.items():
+        raw = jsonrpc.encode(message)
+        assert scan(raw) is not None
+        rates = [max(rate(read, raw, args.seconds) for _ in range(3)) for read in readers.values()]
+        print(f"{name:28} {len(raw):8} " + " ".join(f"{r:>11,.0f}/s" for r in rates))
+    print("frames per second, best of 3; scan/parse ratio in the README")
+
+
+if __name__ == "__main__":
+    main()
