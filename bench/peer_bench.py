@@ -243,6 +243,7 @@ class Setup:
 @dataclass
 class Results:
     values: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    load: list[float] = field(default_factory=list)  # 1-minute load average per round
 
     def add(self, path: str, figures: dict[str, float]) -> None:
         for key, value in figures.items():
@@ -320,6 +321,7 @@ def run(args: argparse.Namespace, setup: Setup) -> Results:
     results = Results()
     for round_number in range(args.rounds):
         order = PATHS[round_number % len(PATHS) :] + PATHS[: round_number % len(PATHS)]
+        results.load.append(os.getloadavg()[0])
         for name, job, claude in jobs:
             for path in order:
                 started = time.perf_counter()
@@ -358,7 +360,8 @@ def ratio(results: Results, figure: Figure, top: str, bottom: str) -> str:
 
 
 def report(results: Results, rounds: int) -> None:
-    print(f"medians of {rounds} interleaved rounds, [min-max]")
+    loads = ", ".join(f"{load:.2f}" for load in results.load)
+    print(f"medians of {rounds} interleaved rounds, [min-max]; load average at each round: {loads}")
     head = ["figure", "unit", *PATHS, "bridge/conductor", "bridge/direct", "bridge/raw",
             "conductor/direct", "raw/direct"]  # fmt: skip
     rows = [head]
