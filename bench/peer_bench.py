@@ -19,7 +19,10 @@ claude-agent-acp 0.23.1 (spawn → ``initialize`` → ``session/new`` → ``sess
 answered) against the embedded model endpoint. Each figure is printed as the median of the
 rounds with its range, then the ratios between the paths. Memory figures are the relay's
 own process (not the agent's), read from ``/proc``: the peak while 16 MiB frames pass,
-and how much it grows while the client does not read 48 MB of notifications.
+and how much it grows while the client does not read 48 MB of notifications. The "relay
+CPU" rows are the CPU time the relay process (all its threads) spent per unit of work,
+from ``/proc/PID/task/*/schedstat``: on a machine shared with other work they vary far
+less than the wall-clock rows, which count time spent waiting for a core.
 """
 
 from __future__ import annotations
@@ -135,25 +138,60 @@ def start_to_initialize(peer: Peer) -> dict[str, float]:
     return {"start": (time.perf_counter() - peer.started) * 1000}
 
 
-def round_trip(peer: Peer, count: int) -> dict[str, float]:
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time a process's live threads have used so far, in nanosecond resolution
+    (``/proc/PID/stat`` counts in ticks of 10 ms); 0 for none."""
+    if pid is None:
+        return 0.0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(FileNotFoundError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def relay_cpu(
+    pid: int | None, measure: Callable[[], float], per: float, key: str
+) -> dict[str, float]:
+    """``measure()`` as figure ``key``, and the relay's CPU time per ``per`` units of work
+    as ``key_cpu`` (microseconds): unlike wall time, it hardly depends on the machine's load."""
+    before = cpu_seconds(pid)
+    figures = {key: measure()}
+    if pid is not None:
+        figures[key + "_cpu"] = (cpu_seconds(pid) - before) / per * 1e6
+    return figures
+
+
+def round_trip(peer: Peer, count: int, pid: int | None) -> dict[str, float]:
     peer.initialize()
+    before = cpu_seconds(pid)
     samples = sorted(relay_bench.latency(peer, count))
-    return {"rtt50": statistics.median(samples), "rtt99": samples[int(len(samples) * 0.99)]}
+    figures = {"rtt50": statistics.median(samples), "rtt99": samples[int(len(samples) * 0.99)]}
+    if pid is not None:
+        figures["rtt_cpu"] = (cpu_seconds(pid) - before) / count * 1e6
+    return figures
 
 
-def notes_to_agent(peer: Peer, count: int) -> dict[str, float]:
+def notes_to_agent(peer: Peer, count: int, pid: int | None) -> dict[str, float]:
     peer.initialize()
-    return {"notes_c2a": relay_bench.notifications_to_agent(peer, count)}
+    return relay_cpu(
+        pid, lambda: relay_bench.notifications_to_agent(peer, count), count, "notes_c2a"
+    )
 
 
-def notes_to_client(peer: Peer, count: int) -> dict[str, float]:
+def notes_to_client(peer: Peer, count: int, pid: int | None) -> dict[str, float]:
     peer.initialize()
-    return {"notes_a2c": relay_bench.notifications_to_client(peer, count)}
+    return relay_cpu(
+        pid, lambda: relay_bench.notifications_to_client(peer, count), count, "notes_a2c"
+    )
 
 
-def frames_1mib(peer: Peer, count: int) -> dict[str, float]:
+def frames_1mib(peer: Peer, count: int, pid: int | None) -> dict[str, float]:
     peer.initialize()
-    return {"mib1": relay_bench.large_frames(peer, MiB, count)}
+    # Each frame crosses twice (echoed), warm-up included.
+    return relay_cpu(
+        pid, lambda: relay_bench.large_frames(peer, MiB, count), 2 * (count + 1), "mib1"
+    )
 
 
 def frames_16mib(peer: Peer, count: int, relay_pid: int | None) -> dict[str, float]:
@@ -209,6 +247,10 @@ FIGURES: Final = (
     Figure("notes_c2a", "small notifications client->agent", "msg/s", True),
     Figure("notes_a2c", "small notifications agent->client", "msg/s", True),
     Figure("mib1", "1 MiB frames echoed", "MiB/s", True),
+    Figure("rtt_cpu", "relay CPU per round trip", "us", False, 1),
+    Figure("notes_c2a_cpu", "relay CPU per notification client->agent", "us", False, 2),
+    Figure("notes_a2c_cpu", "relay CPU per notification agent->client", "us", False, 2),
+    Figure("mib1_cpu", "relay CPU per 1 MiB frame", "us", False),
     Figure("mib16", "16 MiB frames echoed", "MiB/s", True),
     Figure("rss16", "peak RSS of the relay, 16 MiB frames", "MB", False, 1),
     Figure("slow", "slow reader, 48 MB of notifications: RSS growth", "MB", False, 1),
@@ -308,10 +350,10 @@ def run(args: argparse.Namespace, setup: Setup) -> Results:
     quick = args.quick
     jobs: list[tuple[str, Measure, bool]] = [
         ("start", lambda p, _: start_to_initialize(p), False),
-        ("rtt", lambda p, _: round_trip(p, 500 if quick else 2000), False),
-        ("notes_c2a", lambda p, _: notes_to_agent(p, 20_000 if quick else 50_000), False),
-        ("notes_a2c", lambda p, _: notes_to_client(p, 20_000 if quick else 50_000), False),
-        ("mib1", lambda p, _: frames_1mib(p, 16 if quick else 32), False),
+        ("rtt", lambda p, pid: round_trip(p, 500 if quick else 2000, pid), False),
+        ("notes_c2a", lambda p, pid: notes_to_agent(p, 20_000 if quick else 50_000, pid), False),
+        ("notes_a2c", lambda p, pid: notes_to_client(p, 20_000 if quick else 50_000, pid), False),
+        ("mib1", lambda p, pid: frames_1mib(p, 16 if quick else 32, pid), False),
         ("mib16", lambda p, pid: frames_16mib(p, 2 if quick else 4, pid), False),
         ("slow", lambda p, pid: slow_reader(p, 1.0 if quick else 2.0, pid), False),
         ("claude", lambda p, _: claude_turn(p, setup.claude_cwd), True),
