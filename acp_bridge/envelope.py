@@ -22,7 +22,7 @@ from collections.abc import Callable, Container
 from json.scanner import make_scanner
 from typing import Any, Final
 
-from acp_bridge.jsonrpc import _DECODER, CANCEL_REQUEST, Kind, RequestId
+from acp_bridge.jsonrpc import _DECODER, CANCEL_REQUEST, Frame, Kind, RequestId
 
 # json's C scanner itself (what JSONDecoder.decode calls after two regular-expression
 # matches for surrounding whitespace), made from jsonrpc's decoder so that it rejects NaN
@@ -72,6 +72,11 @@ class Envelope:
         in its own tables.)"""
         method = self.method
         return method is not None and (method == CANCEL_REQUEST or method in intercepted)
+
+    def frame(self) -> Frame:
+        """The same message as the :class:`Frame` ``jsonrpc.parse`` would have made, for code
+        that works on frames (interception, batches), without parsing the line again."""
+        return Frame(self.raw, self.message, self.kind)
 
     def __repr__(self) -> str:
         return f"Envelope({self.kind.name}, id={self.id!r}, method={self.method!r})"

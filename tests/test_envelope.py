@@ -165,6 +165,7 @@ def assert_agrees(raw: bytes) -> Envelope | None:
     assert envelope.params == frame.params
     assert envelope.session_id == session_id_of(frame.message)
     assert envelope.raw is raw
+    assert envelope.frame() == frame
     return envelope
 
 
