@@ -50,6 +50,23 @@ class LineSplitter:
 
     def feed(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         """Take more bytes; return every line they completed, in order."""
+        if self._buffered or self._discarding:
+            return self._feed_after_partial(data)
+        # Nothing held from an earlier read, the usual case on a busy stream: split the
+        # whole read at once (one C call) instead of searching line by line.
+        lines = bytes(data).split(b"\n")
+        self._keep(lines.pop())  # after the last newline: the start of the next line
+        limit = self.limit
+        out: list[Line | OverlongLine] = []
+        for line in lines:
+            if line.endswith(b"\r"):
+                # The \r is not part of the frame, so a line of ``limit`` bytes may carry it.
+                out.append(Line(line[:-1]) if len(line) <= limit + 1 else OverlongLine(len(line)))
+            else:
+                out.append(Line(line) if len(line) <= limit else OverlongLine(len(line)))
+        return out
+
+    def _feed_after_partial(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         out: list[Line | OverlongLine] = []
         start = 0
         while True:
@@ -60,6 +77,9 @@ class LineSplitter:
             self._keep(data[start:newline])
             out.append(self._finish())
             start = newline + 1
+            if not self._buffered and not self._discarding:
+                # The held line is complete: the rest goes the fast way.
+                return out + self.feed(data[start:])
 
     def close(self) -> list[Line | OverlongLine]:
         """End of stream: a final line without a terminator still counts."""
