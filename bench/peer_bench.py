@@ -133,9 +133,12 @@ class Peer(relay_bench.Peer):
 # ------------------------------------------------------------------ figures
 
 
-def start_to_initialize(peer: Peer) -> dict[str, float]:
+def start_to_initialize(peer: Peer, pid: int | None) -> dict[str, float]:
     peer.initialize()
-    return {"start": (time.perf_counter() - peer.started) * 1000}
+    figures = {"start": (time.perf_counter() - peer.started) * 1000}
+    if pid is not None:
+        figures["start_cpu"] = cpu_seconds(pid) * 1000
+    return figures
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -242,6 +245,7 @@ class Figure:
 
 FIGURES: Final = (
     Figure("start", "start -> initialize answer", "ms", False, 1),
+    Figure("start_cpu", "relay CPU until the initialize answer", "ms", False, 1),
     Figure("rtt50", "round trip p50", "us", False, 1),
     Figure("rtt99", "round trip p99", "us", False, 1),
     Figure("notes_c2a", "small notifications client->agent", "msg/s", True),
@@ -349,7 +353,7 @@ def measure(setup: Setup, path: str, job: Measure, *, claude: bool = False) -> d
 def run(args: argparse.Namespace, setup: Setup) -> Results:
     quick = args.quick
     jobs: list[tuple[str, Measure, bool]] = [
-        ("start", lambda p, _: start_to_initialize(p), False),
+        ("start", start_to_initialize, False),
         ("rtt", lambda p, pid: round_trip(p, 500 if quick else 2000, pid), False),
         ("notes_c2a", lambda p, pid: notes_to_agent(p, 20_000 if quick else 50_000, pid), False),
         ("notes_a2c", lambda p, pid: notes_to_client(p, 20_000 if quick else 50_000, pid), False),
