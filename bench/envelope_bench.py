@@ -17,7 +17,11 @@ For each frame (typical ``session/update`` notifications, a request, a response 
 
 Then the CPU cost per frame of a relay's inner loop over one 64 KiB read full of
 ``agent_message_chunk`` notifications, without I/O: ``LineSplitter`` + ``parse`` (today),
-``LineSplitter`` + ``scan``, and ``bytes.split`` + ``scan`` forwarding the read as it came.
+``LineSplitter`` + ``scan``, and ``bytes.split`` + ``scan`` forwarding the read as it came;
+and the same read through the sans-IO router (``Router.receive_from_agent``) as the runtime
+calls it today (``parse``), with ``scan`` and ``Envelope.frame()``, and with ``scan``
+handing the router the envelope itself (which has every attribute of a ``Frame`` the
+router reads).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import json
 import re
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from acp_bridge import jsonrpc
+from acp_bridge.core.router import Router
 from acp_bridge.envelope import scan
 from acp_bridge.framing import LineSplitter, join_lines
 
@@ -170,11 +175,36 @@ def pipeline(seconds: float) -> None:
             if scan(item) is None:
                 raise AssertionError(item)
 
+    written: list[bytes] = []
+    router = Router(lambda hop, raw: written.append(raw))
+
+    def router_parse(data: bytes) -> None:
+        written.clear()
+        for item in LineSplitter().feed(data):
+            router.receive_from_agent(0, jsonrpc.parse(item.data))  # type: ignore[union-attr]
+
+    def router_scan_frame(data: bytes) -> None:
+        written.clear()
+        for item in LineSplitter().feed(data):
+            envelope = scan(item.data)  # type: ignore[union-attr]
+            assert envelope is not None
+            router.receive_from_agent(0, envelope.frame())
+
+    def router_scan(data: bytes) -> None:
+        written.clear()
+        for item in LineSplitter().feed(data):
+            envelope = scan(item.data)  # type: ignore[union-attr]
+            assert envelope is not None
+            router.receive_from_agent(0, cast(jsonrpc.Frame, envelope))
+
     print(f"inner loop over a 64 KiB read of {frames} agent_message_chunk lines, no I/O:")
     for name, loop in [
         ("LineSplitter + parse", split_parse),
         ("LineSplitter + scan", split_scan),
         ("bytes.split + scan", bytes_split_scan),
+        ("router, parse", router_parse),
+        ("router, scan + frame()", router_scan_frame),
+        ("router, scan", router_scan),
     ]:
         per_second = max(rate(loop, chunk, seconds) for _ in range(3)) * frames
         print(f"  {name:22} {1e9 / per_second:7,.0f} ns/frame {per_second:12,.0f} frames/s")
