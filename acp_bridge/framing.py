@@ -22,9 +22,10 @@ DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
 JOIN_LIMIT: Final = 64 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Line:
-    """One complete frame, without its line terminator."""
+    """One complete frame, without its line terminator. (Treat as immutable; not frozen
+    because one is made per frame relayed.)"""
 
     data: bytes
 

@@ -87,6 +87,8 @@ class Abandoned:
 
 
 Event: TypeAlias = Intercept | Answered | Abandoned
+# Returned when nothing happened beyond writing; callers only read it.
+NO_EVENTS: Final[list[Event]] = []
 
 
 @dataclass(slots=True)
@@ -201,7 +203,14 @@ class Router:
 
     def receive_from_client(self, frame: Frame) -> list[Event]:
         if self.gate.active and not self.gate.admit(frame):
-            return []
+            return NO_EVENTS
+        if (
+            frame.kind is Kind.NOTIFICATION
+            and len(self.hops) == 1
+            and frame.message["method"] != CANCEL_REQUEST
+        ):
+            self.sink(PRIMARY, frame.raw)
+            return NO_EVENTS
         events: list[Event] = []
         self._dispatch_client(frame, events)
         return events
@@ -424,6 +433,10 @@ class Router:
 
     def receive_from_agent(self, hop: int, frame: Frame) -> list[Event]:
         kind = frame.kind
+        if kind is Kind.NOTIFICATION and frame.message["method"] != CANCEL_REQUEST:
+            # The bulk of the traffic (session/update): nothing to translate.
+            self.sink(CLIENT, frame.raw)
+            return NO_EVENTS
         events: list[Event] = []
         routed: tuple[Any, bool] | None
         if kind is Kind.NOTIFICATION:

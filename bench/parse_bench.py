@@ -1,27 +1,24 @@
-"""What reading a frame's envelope costs, per frame, for the frames a session is made of.
+"""What reading a frame costs, per frame, for the frames a session is made of.
 
-    python bench/envelope_bench.py [--seconds 0.3]
+    python bench/parse_bench.py [--seconds 0.3]
 
 For each frame (typical ``session/update`` notifications, a request, a response and a
 1 MiB frame) it times, in frames per second:
 
-* ``parse``: ``jsonrpc.parse``, what the relay calls on every frame today;
+* ``parse``: ``jsonrpc.parse``, what the relay calls on every frame (json's C scanner,
+  classified in place; validates the whole line);
+* ``parse_in_full``: the long way ``parse`` takes for unusual lines (``JSONDecoder.decode``
+  and ``classify_message``), what the relay called on every frame before;
 * ``json.loads``: the bare decode, no classification;
-* ``scan``: ``envelope.scan``, json's C scanner without the decoder's wrapper, classified
-  in place (exact, validates the whole line);
 * ``token regex``: one ``re`` match of the line as a flat sequence of JSON tokens. It checks
   less than the JSON grammar (not nesting, not the order of tokens), so it is a lower bound
   for validating with ``re``; it shows that ``re`` is no faster a validator than json;
 * ``prefix regex``: reading ``method`` and ``params.sessionId`` from the start of a line
   written in the common key order, validating nothing: what skipping validation would buy.
 
-Then the CPU cost per frame of a relay's inner loop over one 64 KiB read full of
-``agent_message_chunk`` notifications, without I/O: ``LineSplitter`` + ``parse`` (today),
-``LineSplitter`` + ``scan``, and ``bytes.split`` + ``scan`` forwarding the read as it came;
-and the same read through the sans-IO router (``Router.receive_from_agent``) as the runtime
-calls it today (``parse``), with ``scan`` and ``Envelope.frame()``, and with ``scan``
-handing the router the envelope itself (which has every attribute of a ``Frame`` the
-router reads).
+Then the CPU cost per frame of the relay's inner loop over one 64 KiB read full of
+``agent_message_chunk`` notifications, without I/O: ``LineSplitter`` + ``parse`` +
+``Router.receive_from_agent``, as the runtime runs it, beside ``parse_in_full``.
 """
 
 from __future__ import annotations
@@ -31,12 +28,11 @@ import json
 import re
 import time
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from acp_bridge import jsonrpc
 from acp_bridge.core.router import Router
-from acp_bridge.envelope import scan
-from acp_bridge.framing import LineSplitter, join_lines
+from acp_bridge.framing import LineSplitter
 
 FRAMES: Final = {
     "agent_message_chunk": {
@@ -134,15 +130,14 @@ def main() -> None:
     args = parser.parse_args()
     readers: dict[str, Callable[[bytes], Any]] = {
         "parse": jsonrpc.parse,
+        "parse_in_full": jsonrpc.parse_in_full,
         "json.loads": json.loads,
-        "scan": scan,
         "token regex": TOKEN_REGEX.fullmatch,
         "prefix regex": PREFIX_REGEX.match,
     }
     print(f"{'frame':28} {'bytes':>8} " + " ".join(f"{name:>13}" for name in readers))
     for name, message in FRAMES.items():
         raw = jsonrpc.encode(message)
-        assert scan(raw) is not None
         rates = [max(rate(read, raw, args.seconds) for _ in range(3)) for read in readers.values()]
         print(f"{name:28} {len(raw):8} " + " ".join(f"{r:>11,.0f}/s" for r in rates))
     print("frames per second of CPU time, best of 3")
@@ -155,26 +150,6 @@ def pipeline(seconds: float) -> None:
     chunk = line * (65536 // len(line))
     frames = chunk.count(b"\n")
 
-    def split_parse(data: bytes) -> None:
-        out = [jsonrpc.parse(item.data).raw for item in LineSplitter().feed(data)]  # type: ignore[union-attr]
-        b"".join(join_lines(out))
-
-    def split_scan(data: bytes) -> None:
-        out = []
-        for item in LineSplitter().feed(data):
-            envelope = scan(item.data)  # type: ignore[union-attr]
-            assert envelope is not None
-            out.append(envelope.raw)
-        b"".join(join_lines(out))
-
-    def bytes_split_scan(data: bytes) -> None:
-        # Nothing changed: the read goes out as it came, no per-frame copy.
-        lines = data.split(b"\n")
-        lines.pop()
-        for item in lines:
-            if scan(item) is None:
-                raise AssertionError(item)
-
     written: list[bytes] = []
     router = Router(lambda hop, raw: written.append(raw))
 
@@ -183,28 +158,15 @@ def pipeline(seconds: float) -> None:
         for item in LineSplitter().feed(data):
             router.receive_from_agent(0, jsonrpc.parse(item.data))  # type: ignore[union-attr]
 
-    def router_scan_frame(data: bytes) -> None:
+    def router_parse_in_full(data: bytes) -> None:
         written.clear()
         for item in LineSplitter().feed(data):
-            envelope = scan(item.data)  # type: ignore[union-attr]
-            assert envelope is not None
-            router.receive_from_agent(0, envelope.frame())
-
-    def router_scan(data: bytes) -> None:
-        written.clear()
-        for item in LineSplitter().feed(data):
-            envelope = scan(item.data)  # type: ignore[union-attr]
-            assert envelope is not None
-            router.receive_from_agent(0, cast(jsonrpc.Frame, envelope))
+            router.receive_from_agent(0, jsonrpc.parse_in_full(item.data))  # type: ignore[union-attr]
 
     print(f"inner loop over a 64 KiB read of {frames} agent_message_chunk lines, no I/O:")
     for name, loop in [
-        ("LineSplitter + parse", split_parse),
-        ("LineSplitter + scan", split_scan),
-        ("bytes.split + scan", bytes_split_scan),
         ("router, parse", router_parse),
-        ("router, scan + frame()", router_scan_frame),
-        ("router, scan", router_scan),
+        ("router, parse_in_full", router_parse_in_full),
     ]:
         per_second = max(rate(loop, chunk, seconds) for _ in range(3)) * frames
         print(f"  {name:22} {1e9 / per_second:7,.0f} ns/frame {per_second:12,.0f} frames/s")

@@ -1,10 +1,9 @@
-"""The envelope scanner agrees with the full parser on every line, valid or not.
+"""``jsonrpc.parse``'s short path agrees with the long one on every line, valid or not.
 
-``scan`` may decline a line (``None``: the caller parses it in full), but only a line the
-parser rejects, a batch, or one with leading whitespace; everything it returns must be
-what ``jsonrpc.parse`` reads. Lines come from hypothesis: JSON-RPC-shaped objects written
-with duplicate and escaped keys, odd ids, lone surrogates and random whitespace, then
-mutated byte by byte.
+``parse`` reads the usual line through json's C scanner and hands everything else to
+``parse_in_full``; both must give the same frame, or the same error, for any line. Lines
+come from hypothesis: JSON-RPC-shaped objects written with duplicate and escaped keys, odd
+ids, lone surrogates and random whitespace, then mutated byte by byte.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from acp_bridge.envelope import Envelope, scan
-from acp_bridge.jsonrpc import CANCEL_REQUEST, FrameError, Kind, parse
+from acp_bridge.jsonrpc import CANCEL_REQUEST, Frame, FrameError, Kind, parse, parse_in_full
 
 WHITESPACE = st.sampled_from(["", "", "", " ", "  ", "\t", "\r", "\n"])
 
@@ -140,33 +138,27 @@ def mutated_lines(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-def session_id_of(message: Any) -> str | None:
-    params = message.get("params")
-    if isinstance(params, dict) and isinstance(params.get("sessionId"), str):
-        return str(params["sessionId"])
-    return None
-
-
-def assert_agrees(raw: bytes) -> Envelope | None:
-    envelope = scan(raw)
+def assert_agrees(raw: bytes) -> Frame | None:
     try:
-        frame = parse(raw)
-    except FrameError:
-        assert envelope is None, raw
-        return None
-    if frame.kind is Kind.BATCH or raw[:1] in (b" ", b"\t", b"\r", b"\n"):
-        assert envelope is None, raw
-        return None
-    assert envelope is not None, raw
-    assert envelope.kind is frame.kind
-    assert envelope.id == frame.id and type(envelope.id) is type(frame.id)
-    assert envelope.method == frame.method
-    assert envelope.message == frame.message
-    assert envelope.params == frame.params
-    assert envelope.session_id == session_id_of(frame.message)
-    assert envelope.raw is raw
-    assert envelope.frame() == frame
-    return envelope
+        expected = parse_in_full(raw)
+    except FrameError as error:
+        try:
+            parse(raw)
+        except FrameError as short:
+            assert (short.code, short.message, short.request_id) == (
+                error.code,
+                error.message,
+                error.request_id,
+            ), raw
+            return None
+        raise AssertionError(f"parse accepted a line parse_in_full refuses: {raw!r}") from None
+    frame = parse(raw)
+    assert frame == expected, raw
+    assert frame.kind is expected.kind
+    assert frame.id == expected.id and type(frame.id) is type(expected.id)
+    assert frame.method == expected.method and frame.params == expected.params
+    assert frame.raw is raw
+    return frame
 
 
 SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,72 +175,42 @@ SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[Hea
 @example(b'{"method":"m","params":3}')
 @example(b'{"method":"m","params":{"sessionId":"a"},"params":[]}')
 @example(b'{"id":true,"result":1}')
+@example(b'{"id":false,"method":"m"}')
+@example(b'{"id":[1],"method":"m","params":{}}')
 @example(b'\xef\xbb\xbf{"id":1,"result":1}')
 @example(b'{"id":1,"result":NaN}')
 @example(b'{"id":1,"result":1} x')
 @example(b'{"id":1,"result":1}\r\n ')
 @example(b'{"id":' + b"9" * 5000 + b',"result":1}')
 @example(b"[" * 100_000 + b"]" * 100_000)
-def test_scan_agrees_with_parse_on_generated_lines(raw: bytes) -> None:
+def test_parse_agrees_with_parse_in_full_on_generated_lines(raw: bytes) -> None:
     assert_agrees(raw)
 
 
 @SETTINGS
 @given(mutated_lines())
-def test_scan_agrees_with_parse_on_mutated_lines(raw: bytes) -> None:
+def test_parse_agrees_with_parse_in_full_on_mutated_lines(raw: bytes) -> None:
     assert_agrees(raw)
 
 
 @pytest.mark.parametrize(
-    ("raw", "kind", "request_id", "method", "session_id"),
+    ("raw", "kind", "request_id", "method"),
     [
         (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{}}}',
-         Kind.NOTIFICATION, None, "session/update", "s1"),
+         Kind.NOTIFICATION, None, "session/update"),
         (b'{"jsonrpc":"2.0","id":"a\\"b","method":"session/prompt","params":{"sessionId":"x"}}',
-         Kind.REQUEST, 'a"b', "session/prompt", "x"),
+         Kind.REQUEST, 'a"b', "session/prompt"),
         (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"bad"}}',
-         Kind.RESPONSE, None, None, None),
+         Kind.RESPONSE, None, None),
         (b'{"params":{"deep":{"id":9}},"id":"\\ud800","result":{}}',
-         Kind.RESPONSE, "\ud800", None, None),
+         Kind.RESPONSE, "\ud800", None),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"m"}]', Kind.BATCH, None, None),
+        (b' {"jsonrpc":"2.0","id":1,"method":"m"}', Kind.REQUEST, 1, "m"),
     ],
 )  # fmt: skip
-def test_scan_reads_the_envelope(
-    raw: bytes, kind: Kind, request_id: Any, method: str | None, session_id: str | None
+def test_parse_reads_the_envelope(
+    raw: bytes, kind: Kind, request_id: Any, method: str | None
 ) -> None:
-    envelope = assert_agrees(raw)
-    assert envelope is not None
-    assert (envelope.kind, envelope.id, envelope.method, envelope.session_id) == (
-        kind,
-        request_id,
-        method,
-        session_id,
-    )
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'[{"jsonrpc":"2.0","id":1,"method":"m"}]',  # a batch: its members need reading
-        b' {"jsonrpc":"2.0","id":1,"method":"m"}',  # leading whitespace: rare, parsed
-        b'"just a string"',
-        b'{"jsonrpc":"2.0","id":1}',
-        b'{"jsonrpc":"2.0","id":1,"method":"m"',
-        b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"text":"\xff"}}',
-    ],
-)
-def test_scan_declines_what_only_a_full_parse_can_tell(raw: bytes) -> None:
-    assert scan(raw) is None
-
-
-def test_cancel_and_intercepted_methods_need_handling() -> None:
-    def envelope(method: str) -> Envelope:
-        found = scan(b'{"jsonrpc":"2.0","method":"%s","params":{}}' % method.encode())
-        assert found is not None
-        return found
-
-    intercepted = frozenset({"session/new", "initialize"})
-    assert envelope(CANCEL_REQUEST).needs_handling(intercepted)
-    assert envelope("session/new").needs_handling(intercepted)
-    assert not envelope("session/update").needs_handling(intercepted)
-    response = scan(b'{"jsonrpc":"2.0","id":1,"result":{}}')
-    assert response is not None and not response.needs_handling(intercepted)
+    frame = assert_agrees(raw)
+    assert frame is not None
+    assert (frame.kind, frame.id, frame.method) == (kind, request_id, method)
