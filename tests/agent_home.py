@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import trio
 from acp_requests import prompt_params, session_params
-from bridge_cli import bridge_command
+from bridge_cli import bridge_command, isolated_env
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
@@ -48,15 +48,19 @@ class AgentHome:
     def state(self) -> Path:
         return self.root / "bridge-state.sqlite3"
 
-    def home_env(self) -> dict[str, str]:
-        """``HOME`` and every XDG base folder inside it: nothing of this machine's user."""
-        return {
-            "HOME": str(self.home),
-            "XDG_CONFIG_HOME": str(self.home / ".config"),
-            "XDG_DATA_HOME": str(self.home / ".local" / "share"),
-            "XDG_STATE_HOME": str(self.home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(self.home / ".cache"),
-        }
+    def agent_env(self, without: tuple[str, ...], settings: dict[str, str]) -> dict[str, str]:
+        """This machine's environment less the user's own settings of the agent (variables
+        starting with ``without``), with ``settings`` and this ``HOME`` and every XDG base
+        folder inside it: nothing of this machine's user."""
+        return isolated_env(
+            self.home,
+            without=without,
+            XDG_CONFIG_HOME=str(self.home / ".config"),
+            XDG_DATA_HOME=str(self.home / ".local" / "share"),
+            XDG_STATE_HOME=str(self.home / ".local" / "state"),
+            XDG_CACHE_HOME=str(self.home / ".cache"),
+            **settings,
+        )
 
     def env(self) -> dict[str, str]:
         raise NotImplementedError

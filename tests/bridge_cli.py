@@ -1,5 +1,6 @@
-"""The bridge's command line as the end-to-end tests run it in front of a real agent, and
-the config and environment ``acp-bridge verify`` gets for an agent of the test cache."""
+"""The bridge's command line as the end-to-end tests run it in front of a real agent, the
+environment such an agent runs in, and the config ``acp-bridge verify`` gets for an agent
+of the test cache."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def write_verify_config(
     return path
 
 
-def verify_env(home: Path, *, without: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
-    """This machine's environment, less variables starting with ``without`` (the user's own
-    settings of the agent), with a fresh ``HOME`` and ``extra`` on top."""
+def isolated_env(home: Path, *, without: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """This machine's environment fit for an agent, less variables starting with
+    ``without`` (the user's own settings of the agent), with ``home`` as ``HOME`` and
+    ``extra`` on top."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(without)}
     return {**agents.clean_agent_env(base), "HOME": str(home), **extra}

@@ -26,7 +26,7 @@ import pytest
 import trio
 from acp_requests import append, override, prompt_params, session_params
 from agent_processes import live_processes
-from bridge_cli import bridge_command, verify_env, write_verify_config
+from bridge_cli import bridge_command, isolated_env, write_verify_config
 from conftest import run_verify
 
 from acp_bridge.client import AcpClient, spawn_bridge
@@ -276,7 +276,7 @@ async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: 
     # The shipped preset runs codex-acp through npx; point it at the cached binary instead.
     config = write_verify_config(tmp_path / "config.yaml", "codex", [str(codex_binary)])
     report = await run_verify(
-        "--config", str(config), "--agent", "codex", env=verify_env(tmp_path), timeout=4 * TIMEOUT
+        "--config", str(config), "--agent", "codex", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
     )
     report.assert_passed()
     # Every step codex can do passes; what it cannot is shown, never hidden.

@@ -10,7 +10,6 @@ the turn's user text.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
 from agent_processes import live_processes
-from bridge_cli import verify_env, write_verify_config
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
 from acp_bridge.client import ClientRequestError
@@ -36,8 +35,8 @@ AWKWARD = (
     "---\napplyTo: nothing/at/all\n---\n  {env:HOME} {file:/etc/hostname} {{x}} ${HOME} $& "
     "@README.md é\n\t  \n"
 )
-# The user's own copilot settings of the machine running the tests.
-USER_SETTINGS = ("COPILOT_", "GH_")
+# The user's own copilot settings and GitHub login of the machine running the tests.
+USER_SETTINGS = ("COPILOT_", "GH_", "GITHUB_TOKEN")
 
 
 def unpacked_cache() -> Path:
@@ -49,18 +48,15 @@ class CopilotHome(AgentHome):
     """An isolated copilot user: HOME with its ``~/.copilot`` session store."""
 
     def env(self) -> dict[str, str]:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(USER_SETTINGS)}
-        base.pop("GITHUB_TOKEN", None)
-        return {
-            **agents.clean_agent_env(base),
+        settings = {
             "COPILOT_PROVIDER_BASE_URL": f"{self.endpoint.url}/v1",
             "COPILOT_PROVIDER_API_KEY": "sk-fake",
             "COPILOT_MODEL": "gpt-4.1",
             "COPILOT_OFFLINE": "true",
             "COPILOT_AUTO_UPDATE": "false",
             "COPILOT_PKG_CACHE_HOME": str(unpacked_cache()),
-            **self.home_env(),
         }
+        return self.agent_env(USER_SETTINGS, settings)
 
     def agent_argv(self) -> list[str]:
         return [str(self.binary), "--acp"]
@@ -177,7 +173,7 @@ async def test_verify_passes_every_step_against_real_copilot(
         [str(copilot_binary), "--acp"],
         verify_env={"COPILOT_PKG_CACHE_HOME": str(unpacked_cache())},
     )
-    env = verify_env(tmp_path, without=USER_SETTINGS)
+    env = isolated_env(tmp_path, without=USER_SETTINGS)
     report = await run_verify("--config", str(config), "--agent", "copilot", env=env, timeout=300)
     report.assert_passed()
     assert not (tmp_path / ".cache" / "copilot").exists()

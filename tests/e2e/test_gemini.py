@@ -8,7 +8,6 @@ flavour) through ``GOOGLE_GEMINI_BASE_URL``; every test asserts on the
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import trio
 from acp_requests import append, override
 from agent_processes import environment_values
-from bridge_cli import verify_env, write_verify_config
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 from pooled_agent import (
     PooledAgent,
@@ -37,18 +36,15 @@ WORD_JOINER = "\u2060"
 
 
 def gemini_env(home: Path, endpoint_url: str) -> dict[str, str]:
-    env = agents.clean_agent_env(os.environ)
-    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GEMINI_SYSTEM_MD", "GEMINI_CLI_HOME"):
-        env.pop(name, None)
-    env.update(
-        HOME=str(home),
+    return isolated_env(
+        home,
+        without=("GEMINI_", "GOOGLE_"),
         GEMINI_API_KEY="acp-bridge-e2e-key",
         GOOGLE_GEMINI_BASE_URL=endpoint_url,
         GEMINI_MODEL="gemini-2.5-flash",
         # One node process per agent, not a relaunched child.
         GEMINI_CLI_NO_RELAUNCH="true",
     )
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +168,7 @@ async def test_verify_passes_for_the_gemini_preset(
     # The shipped preset runs gemini through npx; point it at the cached install instead.
     config = write_verify_config(tmp_path / "config.yaml", "gemini", gemini_command)
     report = await run_verify(
-        "--config", str(config), "--agent", "gemini", env=verify_env(tmp_path), timeout=4 * TIMEOUT
+        "--config", str(config), "--agent", "gemini", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
     )
     report.assert_passed()
     assert report.table.count("PASS") >= 3

@@ -9,7 +9,6 @@ asserts the system message the model actually received on a ``session/prompt``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import trio
 from acp_requests import prompt_params, text_prompt
 from agent_home import AgentHome, BridgeRun, open_agent_home
+from bridge_cli import isolated_env
 from conftest import run_verify
 
 from acp_bridge.client import ClientRequestError, spawn_bridge
@@ -36,14 +36,15 @@ TEMPLATE_TEXT = (
     "quotes \"double\" and 'single', a backslash \\ and <html>&amp;"
 )
 TIMEOUT = 120.0
+# The goose and OpenAI settings of the machine running the tests.
+USER_SETTINGS = ("GOOSE_", "OPENAI_")
 
 
 class GooseHome(AgentHome):
     """One isolated goose installation: HOME, XDG dirs, goose's session database."""
 
     def env(self) -> dict[str, str]:
-        return {
-            **agents.clean_agent_env(_base_env()),
+        settings = {
             "GOOSE_PROVIDER": "openai",
             "GOOSE_MODEL": "fake-model",
             "OPENAI_HOST": self.endpoint.url,
@@ -52,16 +53,11 @@ class GooseHome(AgentHome):
             "GOOSE_TELEMETRY_ENABLED": "false",
             "GOOSE_DISABLE_SESSION_NAMING": "true",
             "GOOSE_MODE": "auto",
-            **self.home_env(),
         }
+        return self.agent_env(USER_SETTINGS, settings)
 
     def agent_argv(self) -> list[str]:
         return [str(self.binary), "acp"]
-
-
-def _base_env() -> dict[str, str]:
-    """The test's environment without goose or OpenAI settings of the machine running it."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GOOSE_", "OPENAI_"))}
 
 
 class Run(BridgeRun):
@@ -307,12 +303,12 @@ async def test_refused_set_leaves_no_session_and_fails_the_request(
 
 
 async def test_verify_passes_for_the_goose_preset(goose_binary: Path, tmp_path: Path) -> None:
-    env = {
-        **agents.clean_agent_env(_base_env()),
-        "GOOSE_BINARY": str(goose_binary),
-        "HOME": str(tmp_path),
-        "XDG_CONFIG_HOME": str(tmp_path / ".config"),
-        "XDG_STATE_HOME": str(tmp_path / ".local" / "state"),
-    }
+    env = isolated_env(
+        tmp_path,
+        without=USER_SETTINGS,
+        GOOSE_BINARY=str(goose_binary),
+        XDG_CONFIG_HOME=str(tmp_path / ".config"),
+        XDG_STATE_HOME=str(tmp_path / ".local" / "state"),
+    )
     report = await run_verify("--agent", "goose", env=env, timeout=TIMEOUT)
     report.assert_passed()

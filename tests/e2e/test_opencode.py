@@ -11,7 +11,6 @@ test picks the turn's request by its user text and asserts its system message.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
 from agent_processes import live_processes
-from bridge_cli import verify_env, write_verify_config
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
 from acp_bridge.client import ClientRequestError
@@ -67,16 +66,14 @@ class OpencodeHome(AgentHome):
             "small_model": "fake/fake-model",
             "provider": {"fake": provider},
         }
-        base = {k: v for k, v in os.environ.items() if not k.startswith(USER_SETTINGS)}
-        return {
-            **agents.clean_agent_env(base),
+        settings = {
             "OPENCODE_CONFIG_CONTENT": json.dumps(config),
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             **OFFLINE_REGISTRY,
-            **self.home_env(),
         }
+        return self.agent_env(USER_SETTINGS, settings)
 
     def agent_argv(self) -> list[str]:
         return [str(self.binary), "acp"]
@@ -254,7 +251,7 @@ async def test_verify_passes_every_step_against_real_opencode(
     config = write_verify_config(
         tmp_path / "config.yaml", "opencode", [str(opencode_binary), "acp"]
     )
-    env = verify_env(tmp_path, without=USER_SETTINGS, **OFFLINE_REGISTRY)
+    env = isolated_env(tmp_path, without=USER_SETTINGS, **OFFLINE_REGISTRY)
     report = await run_verify("--config", str(config), "--agent", "opencode", env=env, timeout=600)
     report.assert_passed()
     assert report.table.count("PASS") == 13, report.table

@@ -7,7 +7,6 @@ request of a turn (qwen also makes memory and suggestion requests with other pro
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
 from acp_requests import append, override
-from bridge_cli import verify_env, write_verify_config
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 from pooled_agent import (
     PooledAgent,
@@ -32,16 +31,13 @@ TIMEOUT = 180.0
 
 
 def qwen_env(home: Path, endpoint_url: str) -> dict[str, str]:
-    env = agents.clean_agent_env(os.environ)
-    for name in ("QWEN_SYSTEM_MD", "QWEN_HOME", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
-        env.pop(name, None)
-    env.update(
-        HOME=str(home),
+    return isolated_env(
+        home,
+        without=("QWEN_", "OPENAI_"),
         OPENAI_API_KEY="sk-acp-bridge-e2e",
         OPENAI_BASE_URL=f"{endpoint_url}/v1",
         OPENAI_MODEL="fake-model",
     )
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +142,7 @@ async def test_verify_passes_for_the_qwen_preset(qwen_command: list[str], tmp_pa
     # The shipped preset runs qwen through npx; point it at the cached install instead.
     config = write_verify_config(tmp_path / "config.yaml", "qwen", qwen_command)
     report = await run_verify(
-        "--config", str(config), "--agent", "qwen", env=verify_env(tmp_path), timeout=4 * TIMEOUT
+        "--config", str(config), "--agent", "qwen", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
     )
     report.assert_passed()
     assert report.table.count("PASS") >= 6
