@@ -52,6 +52,7 @@ from acp_bridge.adapter import (
     Reply,
 )
 from acp_bridge.agent_process import AgentStartError
+from acp_bridge.capabilities import agent_name
 from acp_bridge.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -176,6 +177,9 @@ class PoolAdapter(Adapter):
 
     agent_label: ClassVar[str] = "agent"
     """The agent as messages to the client name it (``codex-acp``)."""
+    reported_name: ClassVar[str | None] = None
+    """The name the agent reports in its initialize result (``agentInfo.name``): the
+    adapter is chosen for an agent that reports it."""
     options_model: ClassVar[type[PoolOptions]] = PoolOptions
     close_settle_timeout: ClassVar[float] = 0.0
     """Seconds after a ``session/close`` during which a failed reopen of that session is
@@ -206,6 +210,10 @@ class PoolAdapter(Adapter):
         self._stopping = False
 
     # ------------------------------------------------------------ what a subclass says
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        return cls.reported_name is not None and agent_name(initialize_result) == cls.reported_name
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         """How ``prompt`` becomes a process: arguments, environment, files in ``private``.
