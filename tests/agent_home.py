@@ -125,3 +125,15 @@ class BridgeRun:
             if token in request.last_user_text():
                 return request
         raise AssertionError(f"no model request carried {token!r}")
+
+    async def turns_at_once(self, *session_ids: str) -> dict[str, RecordedRequest]:
+        """One turn in each session, all running at once; each session's model request."""
+        seen: dict[str, RecordedRequest] = {}
+
+        async def turn(session_id: str) -> None:
+            seen[session_id] = await self.turn(session_id)
+
+        async with trio.open_nursery() as nursery:
+            for session_id in session_ids:
+                nursery.start_soon(turn, session_id)
+        return seen

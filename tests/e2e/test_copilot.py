@@ -115,14 +115,7 @@ async def test_sessions_with_different_prompts_share_one_connection(
             first = await run.new(text_prompt("append", "MARKER-ONE"))
             second = await run.new(text_prompt("append", "MARKER-TWO"))
             assert len(copilot.processes(only_copilot=True)) == 3
-            seen: dict[str, RecordedRequest] = {}
-
-            async def turn(session: str) -> None:
-                seen[session] = await run.turn(session)
-
-            async with trio.open_nursery() as nursery:
-                for session in (plain, first, second):
-                    nursery.start_soon(turn, session)
+            seen = await run.turns_at_once(plain, first, second)
             listed = await run.client.request("session/list", {})
     assert "MARKER" not in seen[plain].system_text()
     assert seen[plain].system_text().startswith(COPILOT_DEFAULT_START)

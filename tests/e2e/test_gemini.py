@@ -168,7 +168,12 @@ async def test_verify_passes_for_the_gemini_preset(
     # The shipped preset runs gemini through npx; point it at the cached install instead.
     config = write_verify_config(tmp_path / "config.yaml", "gemini", gemini_command)
     report = await run_verify(
-        "--config", str(config), "--agent", "gemini", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
+        "--config",
+        str(config),
+        "--agent",
+        "gemini",
+        env=isolated_env(tmp_path),
+        timeout=4 * TIMEOUT,
     )
     report.assert_passed()
     assert report.table.count("PASS") >= 3
