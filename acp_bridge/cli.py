@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import trio
@@ -39,19 +39,51 @@ log = logging.getLogger("acp_bridge")
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {"verify": ("acp_bridge.verify", "command")}
 
 
+DEFAULT_COMMAND: Final = "run"
+
+
 class BridgeGroup(click.Group):
-    """A group whose default command is ``run``: ``acp-bridge -- agent`` needs no verb."""
+    """A group whose default command is ``run``: ``acp-bridge -- agent`` needs no verb.
+
+    Its help shows the default command's options, since that is the command people run.
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         known = {*self.commands, *LAZY_COMMANDS}
         if args and args[0] not in known and args[0] not in ("--help", "-h", "--version"):
-            args = ["run", *args]
+            args = [DEFAULT_COMMAND, *args]
         elif not args:
-            args = ["run"]
+            args = [DEFAULT_COMMAND]
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [--] AGENT_CMD...")
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...", prefix="   or: ")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The default command's options (with the group's own --version and --help),
+        then the commands."""
+        records = []
+        default = self.commands.get(DEFAULT_COMMAND)
+        if default is not None:
+            with click.Context(default, info_name=DEFAULT_COMMAND, parent=ctx) as run_ctx:
+                own_help = default.get_help_option(run_ctx)
+                records += [
+                    record
+                    for param in default.get_params(run_ctx)
+                    if isinstance(param, click.Option)
+                    and param is not own_help
+                    and (record := param.get_help_record(run_ctx))
+                ]
+        records += [
+            record for param in self.get_params(ctx) if (record := param.get_help_record(ctx))
+        ]
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        self.format_commands(ctx, formatter)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
@@ -74,12 +106,14 @@ class Runtime:
 
 def _common_options(func: Any) -> Any:
     options = [
-        click.option("--agent", "agent_name", help="Run a named agent preset."),
+        click.option("--agent", "agent_name", metavar="NAME", help="Run a named agent preset."),
         click.option(
             "--config", "config_file", type=click.Path(path_type=Path), help="YAML config file."
         ),
-        click.option("--adapter", help="Adapter to use instead of choosing automatically."),
-        click.option("--state", help="Session database path, or ':memory:'."),
+        click.option(
+            "--adapter", metavar="NAME", help="Adapter to use instead of choosing automatically."
+        ),
+        click.option("--state", metavar="PATH", help="Session database path, or ':memory:'."),
         click.option("--no-override", is_flag=True, default=None, help="Never offer override."),
         click.option(
             "--on-omitted",
@@ -202,9 +236,8 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
 def main() -> None:
     """A transparent ACP proxy that gives any agent the systemPrompt session capability.
 
-    \b
-    acp-bridge [OPTIONS] -- AGENT_CMD...    run an agent behind the bridge on stdio
-    acp-bridge --agent NAME                 run a named preset (claude, goose, codex, ...)
+    Without a COMMAND, runs the bridge on stdio in front of AGENT_CMD, or of a named
+    preset with --agent NAME (claude, claude-legacy, goose, codex, or your own).
     """
 
 
@@ -221,7 +254,7 @@ def run(
     trace_prompts: bool,
     **common: Any,
 ) -> None:
-    """Run the bridge on stdio in front of AGENT_CMD (or --agent NAME)."""
+    """The default command: run the bridge on stdio in front of AGENT_CMD (or --agent)."""
     # Before anything else runs: loading user adapters may print at import time.
     acp_fd = claim_stdout()
     runtime = resolve_runtime(agent_cmd, **common)

@@ -120,3 +120,41 @@ def test_redact_keeps_everything_but_prompt_text() -> None:
     assert redacted["params"]["systemPrompt"]["content"][0]["text"] == "<redacted> 3 chars"
     assert redacted["params"]["_meta"] == {"systemPrompt": {"append": "<redacted>"}, "other": 1}
     assert message["params"]["systemPrompt"]["content"][0]["text"] == "abc"
+
+
+def test_top_level_help_shows_the_run_options() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for option in (
+        "--agent",
+        "--config",
+        "--adapter",
+        "--state",
+        "--no-override",
+        "--on-omitted",
+        "--log-level",
+        "--trace",
+        "--trace-prompts",
+        "--version",
+    ):
+        assert option in result.output, option
+    assert "AGENT_CMD" in result.output
+    for command in ("check", "verify", "sessions", "serve"):
+        assert command in result.output
+
+
+def test_sessions_alone_lists_the_sessions(tmp_path: Path) -> None:
+    from acp_bridge.store import SessionStore
+    from acp_bridge.system_prompt import SystemPrompt
+
+    state = tmp_path / "sessions.sqlite3"
+    with SessionStore(str(state)) as store:
+        store.save("fake-agent", "sess-listed", SystemPrompt.of_text("append", "SECRET"))
+    result = CliRunner().invoke(main, ["sessions", "--state", str(state)])
+    assert result.exit_code == 0, result.output
+    assert "sess-listed" in result.output
+    assert "SECRET" not in result.output
+    assert (
+        result.output
+        == CliRunner().invoke(main, ["sessions", "--state", str(state), "list"]).output
+    )
