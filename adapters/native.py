@@ -30,9 +30,11 @@ class NativeAdapter(Adapter):
         return native_delivery(initialize_result)
 
     async def _pass_prompt(self, call: LifecycleCall) -> Reply:
-        if call.client_sent_prompt:
+        if call.client_sent_prompt and "systemPrompt" in call.original_params:
+            # The client's value as sent, unknown keys included.
             call.params["systemPrompt"] = call.original_params["systemPrompt"]
         elif call.prompt is not None:
+            # Filled by the on_omitted policy, or sent in _meta by an older client.
             call.params["systemPrompt"] = call.prompt.to_wire()
         return await call.forward()
 
