@@ -47,6 +47,7 @@ from acp_bridge.adapter import (
     AgentLink,
     Delivery,
     LifecycleCall,
+    ReopenLimit,
     Reply,
 )
 from acp_bridge.agent_process import AgentStartError
@@ -120,9 +121,12 @@ def prompt_key(prompt: SystemPrompt | None) -> str | None:
     return None if prompt is None else prompt.fingerprint()
 
 
-def reopen_effect(created_with: SystemPrompt | None, wanted: SystemPrompt | None) -> list[str]:
+def reopen_effect(
+    created_with: SystemPrompt | None, wanted: SystemPrompt | None
+) -> list[ReopenLimit]:
     """What of ``wanted`` cannot reach the model when a session created with
-    ``created_with`` is reopened in ``wanted``'s process; one sentence per problem.
+    ``created_with`` is reopened in ``wanted``'s process; one limit per problem, each
+    saying what the model receives instead.
 
     codex stores the developer message in the conversation at ``session/new`` and the
     base instructions in the session's metadata; only an explicit override replaces
@@ -135,14 +139,26 @@ def reopen_effect(created_with: SystemPrompt | None, wanted: SystemPrompt | None
     old_override = created_with if created_with and created_with.mode == "override" else None
     if wanted is not None and wanted.mode == "append":
         problems.append(
-            "codex keeps a session's developer instructions from session/new; "
-            "the new append prompt is not added"
+            ReopenLimit(
+                "codex keeps a session's developer instructions from session/new; "
+                "the new append prompt is not added",
+                receives=(old_append,) if old_append else (),
+                misses=(wanted,),
+            )
         )
     if old_append is not None and (wanted is None or wanted.mode == "override"):
-        problems.append("the append prompt the session was created with stays in its history")
+        problems.append(
+            ReopenLimit(
+                "the append prompt the session was created with stays in its history",
+                receives=(old_append,),
+            )
+        )
     if old_override is not None and (wanted is None or wanted.mode == "append"):
         problems.append(
-            "the override prompt the session was created with stays its base instructions"
+            ReopenLimit(
+                "the override prompt the session was created with stays its base instructions",
+                receives=(old_override,),
+            )
         )
     return problems
 
@@ -152,7 +168,9 @@ class CodexAdapter(Adapter):
     description = "codex-acp: one process per distinct prompt, sessions routed by id"
 
     @classmethod
-    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+    def reopen_limits(
+        cls, previous: SystemPrompt | None, prompt: SystemPrompt | None
+    ) -> list[ReopenLimit]:
         return reopen_effect(previous, prompt)
 
     def __init__(self, context: AdapterContext) -> None:
