@@ -34,13 +34,16 @@ class ReopenLimit(str):
     from a delivery failure.
 
     ``receives``: prompts whose text still reaches the model though they were not asked for
-    (e.g. the one the session was created with). ``misses``: prompts asked for whose text
-    does not reach it. A plain ``str`` from an adapter written before this class means the
+    (e.g. ``previous``). ``receives_created``: the prompt the session was created with still
+    reaches it; the bridge may no longer know that prompt (codex keeps it under a later
+    override), so it is named, not given. ``misses``: prompts asked for whose text does not
+    reach the model. A plain ``str`` from an adapter written before this class means the
     common case, :meth:`of` spells it out: the previous prompt is still there and the new
     one is not.
     """
 
     receives: tuple[SystemPrompt, ...]
+    receives_created: bool
     misses: tuple[SystemPrompt, ...]
 
     def __new__(
@@ -48,10 +51,12 @@ class ReopenLimit(str):
         reason: str,
         *,
         receives: Sequence[SystemPrompt] = (),
+        receives_created: bool = False,
         misses: Sequence[SystemPrompt] = (),
     ) -> ReopenLimit:
         limit = super().__new__(cls, reason)
         limit.receives = tuple(receives)
+        limit.receives_created = receives_created
         limit.misses = tuple(misses)
         return limit
 

@@ -116,19 +116,23 @@ def limited_expectation(
     limits: Sequence[ReopenLimit],
     wanted: SystemPrompt | None,
     markers: Sequence[str],
+    created: SystemPrompt | None = None,
 ) -> Expect:
     """What the model must show for a step whose prompt hits the adapter's ``limits``.
 
     ``expect`` is the step's own expectation; ``markers`` are the markers of the step's
-    prompts, found in a limit's prompts by their text. A prompt a limit says the model
-    still receives must be present, one it misses must be absent, and the agent's default
-    prompt is gone exactly when an override is in effect.
+    prompts, found in a limit's prompts by their text; ``created`` is the prompt the session
+    was created with. A prompt a limit says the model still receives must be present, one
+    it misses must be absent, and the agent's default prompt is gone exactly when an
+    override is in effect.
     """
 
     def marks(prompts: Sequence[SystemPrompt]) -> list[str]:
         return [m for m in markers if any(m in prompt.text for prompt in prompts)]
 
     received = [prompt for limit in limits for prompt in limit.receives]
+    if created is not None and any(limit.receives_created for limit in limits):
+        received.append(created)
     missed = [prompt for limit in limits for prompt in limit.misses]
     kept, lost = marks(received), marks(missed)
     present = [m for m in expect.present if m not in lost]
@@ -369,6 +373,7 @@ class VerifyRun:
         *,
         limits: Sequence[ReopenLimit] = (),
         wanted: JsonObject | None = None,
+        created: JsonObject | None = None,
     ) -> Session | None:
         """Run ``action`` (returns a Session), prompt it, and record a row.
 
@@ -377,8 +382,13 @@ class VerifyRun:
         the model received what the limits say it then receives, FAIL otherwise.
         """
         if limits:
-            wanted_prompt = SystemPrompt.from_wire(wanted) if wanted else None
-            expect = limited_expectation(expect, limits, wanted_prompt, list(names))
+            expect = limited_expectation(
+                expect,
+                limits,
+                SystemPrompt.from_wire(wanted) if wanted else None,
+                list(names),
+                SystemPrompt.from_wire(created) if created else None,
+            )
         row = Row(step, mode, expect.describe(names))
         if limits:
             row.expectation = f"documented limit: {'; '.join(limits)}; so {row.expectation}"
@@ -586,16 +596,18 @@ class VerifyRun:
             return
         step = f"{method.split('/')[1]} of a live session, changed prompt"
         old, new = self.in_effect[mode], self.marker(mode, "changed")
+        first = self.marker(mode, "new")
         expect = Expect(present=(new,), absent=(old,), default=_default_for(mode))
         limits = self.limits(agent, system_prompt(mode, old), system_prompt(mode, new))
         await self.step(
             step,
             mode,
             expect,
-            self._names(marker=new, previous=old),
+            self._names(first=first, marker=new, previous=old),
             lambda: self._reopen(client, method, session_id, system_prompt(mode, new)),
             limits=limits,
             wanted=system_prompt(mode, new),
+            created=system_prompt(mode, first),
         )
         if not any(new in prompt.text for limit in limits for prompt in limit.misses):
             self.in_effect[mode] = new
@@ -646,6 +658,7 @@ class VerifyRun:
             names,
             lambda: self._reopen(client, method, session_id, None),
             limits=self.limits(agent, system_prompt(mode, old), None),
+            created=system_prompt(mode, first),
         )
 
 

@@ -142,7 +142,7 @@ def reopen_effect(
             ReopenLimit(
                 "codex keeps a session's developer instructions from session/new; "
                 "the new append prompt is not added",
-                receives=(old_append,) if old_append else (),
+                receives_created=old_append is not None,
                 misses=(wanted,),
             )
         )
@@ -150,14 +150,14 @@ def reopen_effect(
         problems.append(
             ReopenLimit(
                 "the append prompt the session was created with stays in its history",
-                receives=(old_append,),
+                receives_created=True,
             )
         )
     if old_override is not None and (wanted is None or wanted.mode == "append"):
         problems.append(
             ReopenLimit(
                 "the override prompt the session was created with stays its base instructions",
-                receives=(old_override,),
+                receives_created=True,
             )
         )
     return problems

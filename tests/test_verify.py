@@ -257,17 +257,24 @@ def test_codex_limits_say_what_the_model_then_receives() -> None:
     markers = ["MARK-A", "MARK-B", "MARK-O"]
     # append A, reloaded with append B: A stays, B is not added, codex's own prompt stays.
     changed = Expect(present=("MARK-B",), absent=("MARK-A",), default="kept")
-    assert limited_expectation(changed, reopen_effect(a, b), b, markers) == Expect(
+    assert limited_expectation(changed, reopen_effect(a, b), b, markers, a) == Expect(
         ("MARK-A",), ("MARK-B",), "kept"
     )
     # override O, reopened without a prompt: O stays the base instructions.
     default = Expect(absent=("MARK-O",), default="kept")
-    assert limited_expectation(default, reopen_effect(o, None), None, markers) == Expect(
+    assert limited_expectation(default, reopen_effect(o, None), None, markers, o) == Expect(
         ("MARK-O",), (), "gone"
     )
+    # created with override O, later reloaded with override P (which applied), then
+    # reopened without a prompt: codex brings back O, the one it stored at creation.
+    p = SystemPrompt.of_text("override", "MARK-P")
+    default = Expect(absent=("MARK-P", "MARK-O"), default="kept")
+    assert limited_expectation(
+        default, reopen_effect(p, None), None, [*markers, "MARK-P"], o
+    ) == Expect(("MARK-O",), ("MARK-P",), "gone")
     # append A, reopened with override O: O applies and A stays in the history.
     switched = Expect(present=("MARK-O",), absent=("MARK-A",), default="gone")
-    assert limited_expectation(switched, reopen_effect(a, o), o, markers) == Expect(
+    assert limited_expectation(switched, reopen_effect(a, o), o, markers, a) == Expect(
         ("MARK-O", "MARK-A"), (), "gone"
     )
     # A limit is still the sentence it always was, for logs and older callers.
