@@ -102,6 +102,15 @@ class Runtime:
     state: str
     registry: AdapterRegistry
     variables: dict[str, str]
+    install: str = ""
+    """The preset's install hint, for an agent that cannot be started."""
+
+    def start_failure(self, exc: AgentStartError) -> click.ClickException:
+        """The error for an agent that cannot be started, with how to install it."""
+        message = str(exc)
+        if self.install:
+            message += f"\nTo get it: {self.install}"
+        return click.ClickException(message)
 
 
 def _common_options(func: Any) -> Any:
@@ -156,6 +165,7 @@ def resolve_runtime(
     )
     env: dict[str, str] = {}
     preset_adapter = None
+    install = ""
     lookup = {**os.environ, **(variables or {})}
     if agent_name and agent_cmd:
         raise click.UsageError("give either --agent NAME or an agent command, not both")
@@ -167,6 +177,7 @@ def resolve_runtime(
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc
         preset_adapter = preset.adapter
+        install = preset.install
     elif agent_cmd:
         argv = list(agent_cmd)
     else:
@@ -191,7 +202,7 @@ def resolve_runtime(
         shutdown_grace=settings.shutdown_grace,
         adapter_options=settings.adapter_options,
     )
-    return Runtime(config, options, str(state_location), registry, lookup)
+    return Runtime(config, options, str(state_location), registry, lookup, install)
 
 
 def open_store(path: str) -> SessionStore:
@@ -267,7 +278,7 @@ def run(
     try:
         status = trio.run(run_stdio, runtime, tracer, acp_fd)
     except AgentStartError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise runtime.start_failure(exc) from exc
     except KeyboardInterrupt:
         # Ctrl-C before the bridge listens for signals; the agent was stopped on the way out.
         status = 128 + signal.SIGINT
@@ -320,7 +331,7 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     try:
         report = trio.run(run_check, runtime)
     except AgentStartError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise runtime.start_failure(exc) from exc
     except (trio.TooSlowError, ClientRequestError, ConnectionLost) as exc:
         raise click.ClickException(f"the agent did not initialize: {exc}") from exc
     if as_json:

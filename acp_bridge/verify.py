@@ -34,6 +34,7 @@ import trio
 
 from acp_bridge import capabilities
 from acp_bridge.adapter import ReopenLimit
+from acp_bridge.agent_process import AgentStartError
 from acp_bridge.client import AcpClient, ClientRequestError, ConnectionLost
 from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.jsonrpc import JsonObject
@@ -157,6 +158,8 @@ class VerifyPlan:
     flavour: Flavour
     home: Path
     state: str
+    install: str = ""
+    """The preset's install hint, for an agent that cannot be started."""
 
 
 _STARTED = time.monotonic()
@@ -189,6 +192,11 @@ class AgentLog:
         fd, name = tempfile.mkstemp(prefix="acp-bridge-verify-", suffix=".stderr.log")
         os.close(fd)
         self.path = Path(name)
+
+    def remove_if_empty(self) -> None:
+        """Nothing to read (the agent never started, or said nothing): leave no file."""
+        if self.size() == 0:
+            self.path.unlink(missing_ok=True)
 
     def size(self) -> int:
         try:
@@ -675,6 +683,17 @@ def _describe_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _start_error(exc: BaseException) -> AgentStartError | None:
+    """The AgentStartError behind ``exc``, also from inside the bridge's exception group."""
+    if isinstance(exc, AgentStartError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _start_error(inner)
+        if found is not None:
+            return found
+    return None
+
+
 def format_table(rows: Sequence[Row]) -> str:
     header = ("step", "mode", "expectation", "observed", "result")
     cells = [header, *((r.step, r.mode, r.expectation, r.observed, r.status) for r in rows)]
@@ -761,7 +780,14 @@ def _make_plan(
         agent_argv=[*runtime.options.agent_argv, *extra_args],
         agent_env={**runtime.options.agent_env, **extra_env},
     )
-    return VerifyPlan(options, runtime.registry, flavour, home, runtime.state)  # type: ignore[arg-type]
+    return VerifyPlan(
+        options,
+        runtime.registry,
+        flavour,  # type: ignore[arg-type]
+        home,
+        runtime.state,
+        runtime.install,
+    )
 
 
 ENDPOINT_PLACEHOLDER: Final = "http://acp-bridge-verify-endpoint.invalid"
@@ -854,6 +880,14 @@ def command() -> click.Command:
                 CONSOLE.stream = console
                 try:
                     rows = trio.run(run_verify, plan, agent_log, verbose)
+                except Exception as exc:
+                    start_error = _start_error(exc)
+                    if start_error is None:
+                        raise
+                    message = str(start_error)
+                    if plan.install:
+                        message += f"\nTo get it: {plan.install}"
+                    raise click.ClickException(message) from exc
                 finally:
                     CONSOLE.stream = None
         finally:
@@ -861,6 +895,7 @@ def command() -> click.Command:
                 progress(f"kept {home}")
             else:
                 shutil.rmtree(home, ignore_errors=True)
+            agent_log.remove_if_empty()
         click.echo(format_table(rows))
         if not succeeded(rows):
             progress(f"the agent's stderr is in {agent_log.path}")
