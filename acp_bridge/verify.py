@@ -41,7 +41,7 @@ from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 from acp_bridge.relay import BridgeOptions
-from acp_bridge.settings import ConfigError, expand
+from acp_bridge.settings import Config, ConfigError, expand
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -756,11 +756,21 @@ def _make_plan(
         common["agent_name"] = agent_name = DEFAULT_AGENT
     runtime = resolve_runtime(agent_cmd, state=state, variables=variables, **common)
     try:
-        if agent_name:
-            spec = runtime.config.agent(agent_name).verify
+        spec_name = agent_name
+        if not agent_name and flavour is None and not env_pairs:
+            # `verify -- npx -y <the claude preset's package>` needs no --endpoint/--env:
+            # a preset with the same command says how to point the agent at the endpoint.
+            spec_name = _preset_with_command(runtime.config, agent_cmd, lookup)
+            if spec_name:
+                progress(
+                    f"the agent is pointed at the endpoint as preset {spec_name!r} does "
+                    "(same command); the adapter is chosen as usual"
+                )
+        if spec_name:
+            spec = runtime.config.agent(spec_name).verify
             if spec is None:
                 raise click.ClickException(
-                    f"the preset {agent_name!r} has no verify section: use -- AGENT_CMD "
+                    f"the preset {spec_name!r} has no verify section: use -- AGENT_CMD "
                     "with --endpoint and --env instead"
                 )
             flavour = flavour or spec.endpoint
@@ -774,7 +784,11 @@ def _make_plan(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if flavour not in FLAVOURS:
-        raise click.UsageError("give --endpoint anthropic|openai-chat|openai-responses")
+        raise click.UsageError(
+            "give --endpoint anthropic|openai-chat|openai-responses and --env NAME=VALUE "
+            "settings that point the agent at ${ENDPOINT_URL}, or --agent NAME of a preset "
+            "with a verify section"
+        )
     options = dataclasses.replace(
         runtime.options,
         agent_argv=[*runtime.options.agent_argv, *extra_args],
@@ -788,6 +802,20 @@ def _make_plan(
         runtime.state,
         runtime.install,
     )
+
+
+def _preset_with_command(
+    config: Config, agent_cmd: Sequence[str], variables: dict[str, str]
+) -> str | None:
+    """The preset with a verify section whose command line is exactly ``agent_cmd``."""
+    for name, preset in config.agents.items():
+        try:
+            same = preset.resolved_command(variables) == list(agent_cmd)
+        except ConfigError:
+            continue
+        if same and preset.verify is not None:
+            return name
+    return None
 
 
 ENDPOINT_PLACEHOLDER: Final = "http://acp-bridge-verify-endpoint.invalid"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -279,3 +280,32 @@ def test_codex_limits_say_what_the_model_then_receives() -> None:
     )
     # A limit is still the sentence it always was, for logs and older callers.
     assert all(isinstance(limit, str) for limit in reopen_effect(a, b))
+
+
+async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
+    tmp_path: Path,
+) -> None:
+    # `acp-bridge verify -- npx -y <package>` of a shipped preset: the preset with the same
+    # command says how to point the agent at the endpoint; the adapter is chosen as usual.
+    argv = [sys.executable, str(FAKE_MODEL_AGENT), "--sessions", str(tmp_path / "s.json")]
+    (tmp_path / "config.yaml").write_text(
+        "agents:\n"
+        "  fake:\n"
+        f"    command: {json.dumps(argv[0])}\n"
+        f"    args: {json.dumps(argv[1:])}\n"
+        "    adapter: first-turn\n"
+        "    verify:\n"
+        "      endpoint: openai-chat\n"
+        "      env: {OPENAI_BASE_URL: '${ENDPOINT_URL}'}\n"
+    )
+    report = await run_verify(
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--",
+        *argv,
+        env=private_tmp(tmp_path),
+        timeout=60,
+    )
+    report.assert_passed()
+    assert "as preset 'fake' does" in report.stderr
+    assert "adapter native;" in report.stderr  # chosen automatically, not the preset's
