@@ -89,3 +89,39 @@ def test_a_bad_rfd_shaped_meta_prompt_is_rejected_like_the_standard_field() -> N
     with pytest.raises(PromptRejected) as rejected:
         parse_system_prompt(raw, override_allowed=True)
     assert rejected.value.field == "systemPrompt.mode"
+
+
+# ------------------------------------------------------------------------------------
+# Through the bridge: a fake agent that names itself claude-agent-acp 0.101.0 (so the
+# claude adapter is chosen) and advertises systemPrompt, as that release does.
+
+CLAUDE_NATIVE_CAPS = json.dumps(
+    {"loadSession": True, "sessionCapabilities": {"systemPrompt": {"mode": {"override": {}}}}}
+)
+
+
+@pytest.mark.parametrize(
+    "meta_prompt",
+    ['"You are a pirate. Say arr."', '{"append":"Say arr.","excludeDynamicSections":true}'],
+    ids=["string", "append-object"],
+)
+async def test_claudes_own_meta_system_prompt_is_forwarded_byte_for_byte(
+    open_bridge: Any, meta_prompt: str
+) -> None:
+    agent_args = ("--name", "@agentclientprotocol/claude-agent-acp", "--caps", CLAUDE_NATIVE_CAPS)
+    async with open_bridge(*agent_args) as bridge:
+        await bridge.request(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        initialized = await bridge.response_to(1)
+        assert initialized["result"]["agentCapabilities"]["_meta"]["acp-bridge"]["adapter"] == (
+            "claude"
+        )
+        # Odd spacing and key order on purpose: any re-serialisation would show.
+        line = (
+            b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"mcpServers":[],'
+            b'"cwd":"/tmp",  "_meta":{"x-client":1,"systemPrompt":' + meta_prompt.encode() + b"}}}"
+        )
+        await bridge.send_line(line)
+        response = await bridge.response_to(2)
+        assert "result" in response, response
+        received = (bridge.dir / "agent-received").read_bytes().splitlines()
+    assert line in received
