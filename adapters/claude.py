@@ -1,4 +1,4 @@
-"""``claude``: claude-agent-acp without native ``systemPrompt``; the prompt goes in ``_meta``.
+"""``claude``: every claude-agent-acp release; the prompt goes in ``_meta``.
 
 claude-agent-acp reads ``_meta.systemPrompt`` on ``session/new``, ``session/load``,
 ``session/resume`` and ``session/fork``: an object ``{append}`` keeps the Claude Code
