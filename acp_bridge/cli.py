@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -25,7 +25,7 @@ from acp_bridge.agent_process import AgentStartError
 from acp_bridge.client import ClientRequestError, ConnectionLost
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.relay import AgentHandle, Bridge, BridgeOptions, spawn_process
 from acp_bridge.sessions_cli import sessions
 from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
 from acp_bridge.store import SessionStore, StoreError
@@ -107,10 +107,19 @@ class Runtime:
 
     def start_failure(self, exc: AgentStartError) -> click.ClickException:
         """The error for an agent that cannot be started, with how to install it."""
-        message = str(exc)
-        if self.install:
-            message += f"\nTo get it: {self.install}"
-        return click.ClickException(message)
+        return click.ClickException(self.explain(str(exc)))
+
+    def explain(self, message: str) -> str:
+        """``message`` about a failed agent start, with the preset's install hint."""
+        return f"{message}\nTo get it: {self.install}" if self.install else message
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+        """Start an agent process; a failure names the preset's install hint, so the log
+        and the client's initialize error say how to get the agent."""
+        try:
+            return await spawn_process(argv, env)
+        except AgentStartError as exc:
+            raise AgentStartError(self.explain(str(exc))) from exc
 
 
 def _common_options(func: Any) -> Any:
@@ -236,6 +245,7 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
             lifecycle,
             registry=runtime.registry,
             tracer=tracer,
+            spawner=runtime.spawn,
         )
         return await bridge.run()
     finally:

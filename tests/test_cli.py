@@ -196,7 +196,7 @@ def test_a_preset_whose_agent_is_missing_says_how_to_install_it(
         check=False,
         env=missing_agent_env(tmp_path),
     )
-    assert done.returncode == 1
+    assert done.returncode != 0
     error = done.stderr.decode()
     assert "cannot start agent 'goose'" in error
     assert "GOOSE_BINARY" in error and "npm install" in error
@@ -214,3 +214,18 @@ def test_a_missing_npx_for_the_claude_preset_says_node_is_needed(tmp_path: Path)
     assert done.returncode == 1
     error = done.stderr.decode()
     assert "cannot start agent 'npx'" in error and "Node.js" in error
+
+
+def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path) -> None:
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--agent", "goose"],
+        input=init,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=missing_agent_env(tmp_path),
+    )
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert answer["id"] == 1
+    assert "GOOSE_BINARY" in json.dumps(answer["error"])
