@@ -256,6 +256,15 @@ class Adapter:
         """
         return []
 
+    @classmethod
+    def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:
+        """Methods this agent version advertises but that fail upstream: method -> reason.
+
+        The bridge still passes them on and the agent's answer back (nothing is hidden);
+        ``verify`` shows their steps as SKIP with the reason instead of as a failure.
+        """
+        return {}
+
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
         """Change what the agent advertises beyond systemPrompt (e.g. a method it really has)."""
         return initialize_result

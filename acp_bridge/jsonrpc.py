@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import secrets
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -138,8 +140,36 @@ def parse(raw: bytes) -> Frame:
 
 
 def encode(message: Any) -> bytes:
-    """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+    """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside.
+
+    Whatever arrived as valid JSON can be written again: a lone surrogate (``"\\ud800"``
+    is valid JSON, not valid UTF-8) stays a ``\\u`` escape, and a number too large for a
+    float (``1e400`` reads as infinity) is written as ``1e999``, never as ``Infinity``.
+    """
+    try:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        return _encode_infinities(message)
+
+
+def _encode_infinities(message: Any) -> bytes:
+    marker = f"\x00infinity-{secrets.token_hex(8)}"
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, float) and math.isinf(value):
+            return marker if value > 0 else "-" + marker
+        if isinstance(value, dict):
+            return {key: replace(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [replace(item) for item in value]
+        return value
+
+    text = json.dumps(replace(message), separators=(",", ":"), allow_nan=False)
+    quoted = json.dumps(marker)
+    return text.replace('"-' + quoted[1:], "-1e999").replace(quoted, "1e999").encode()
 
 
 def error_object(code: int, message: str, data: Any = None) -> JsonObject:

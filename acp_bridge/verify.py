@@ -45,8 +45,8 @@ from acp_bridge.settings import Config, ConfigError, expand
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
-Flavour = Literal["anthropic", "openai-chat", "openai-responses"]
-FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses")
+Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
+FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses", "gemini")
 
 # Starting an agent may include `npx` downloading it on first use.
 START_TIMEOUT: Final = 600.0
@@ -344,6 +344,7 @@ class VerifyRun:
         # Per mode: the marker of the prompt the session runs with, as far as the model is
         # concerned (a reopen at a documented limit may leave the previous one in place).
         self.in_effect: dict[str, str] = {}
+        self.broken: dict[str, str] = {}
 
     def marker(self, mode: str, step: str) -> str:
         return f"ACPBRIDGE-{mode.upper()}-{step.upper()}-{self.run_id}"
@@ -444,6 +445,18 @@ class VerifyRun:
             ReopenLimit.of(limit, before, after) for limit in adapter.reopen_limits(before, after)
         ]
 
+    def broken_methods(self, agent: Agent, initialized: JsonObject) -> dict[str, str]:
+        """Methods the adapter says fail upstream in this agent version (shown as SKIP)."""
+        try:
+            adapter = self.plan.registry.get(agent.adapter)
+        except AdapterNotFound:
+            return {}
+        return adapter.broken_methods(initialized)
+
+    def no_reopen(self) -> str:
+        reasons = [self.broken[m] for m in ("session/load", "session/resume") if m in self.broken]
+        return "; ".join(reasons) or _NO_REOPEN
+
     def skip(self, step: str, mode: str, reason: str) -> None:
         self.rows.append(Row(step, mode, "-", reason, "SKIP"))
         progress(f"{step} [{mode}]: skipped ({reason})")
@@ -458,6 +471,9 @@ class VerifyRun:
         # --- bridge 1: baseline, session/new, load after close
         async with running_bridge(plan, "keep") as (client, initialized):
             agent = Agent.from_initialize(initialized)
+            self.broken = self.broken_methods(agent, initialized)
+            agent.load = agent.load and "session/load" not in self.broken
+            agent.resume = agent.resume and "session/resume" not in self.broken
             progress(
                 f"adapter {agent.adapter}; modes {', '.join(agent.modes) or 'none'}; "
                 f"load={agent.load} resume={agent.resume} fork={agent.fork} close={agent.close}"
@@ -538,7 +554,8 @@ class VerifyRun:
     ) -> None:
         step = "load after close, prompt re-sent"
         if not agent.load:
-            self.skip(step, mode, "the agent does not advertise loadSession")
+            reason = self.broken.get("session/load", "the agent does not advertise loadSession")
+            self.skip(step, mode, reason)
             return
         if not agent.close:
             self.skip(step, mode, "the agent does not advertise session/close")
@@ -582,7 +599,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="resume")
         if method is None:
-            self.skip("reopen after restart, omitted (keep)", mode, _NO_REOPEN)
+            self.skip("reopen after restart, omitted (keep)", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} after restart, omitted (keep)"
         marker = self.marker(mode, "new")
@@ -600,7 +617,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="load")
         if method is None:
-            self.skip("reopen with a changed prompt", mode, _NO_REOPEN)
+            self.skip("reopen with a changed prompt", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} of a live session, changed prompt"
         old, new = self.in_effect[mode], self.marker(mode, "changed")
@@ -647,7 +664,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="load")
         if method is None:
-            self.skip("reopen after restart, omitted (default)", mode, _NO_REOPEN)
+            self.skip("reopen after restart, omitted (default)", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} after restart, omitted (default)"
         # None of the session's prompts may remain: not the one in effect, nor one that
@@ -785,9 +802,9 @@ def _make_plan(
         raise click.ClickException(str(exc)) from exc
     if flavour not in FLAVOURS:
         raise click.UsageError(
-            "give --endpoint anthropic|openai-chat|openai-responses and --env NAME=VALUE "
-            "settings that point the agent at ${ENDPOINT_URL}, or --agent NAME of a preset "
-            "with a verify section"
+            f"give --endpoint {'|'.join(FLAVOURS)} and --env NAME=VALUE settings that "
+            "point the agent at ${ENDPOINT_URL}, or --agent NAME of a preset with a verify "
+            "section"
         )
     options = dataclasses.replace(
         runtime.options,

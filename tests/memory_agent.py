@@ -21,6 +21,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from acp_bridge import jsonrpc
 from acp_bridge.relay import AgentHandle
 
 
@@ -46,6 +47,8 @@ class MemoryAgent:
         self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
         self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received: list[Any] = []
+        self.received_raw: list[bytes] = []
+        self._writing = trio.Lock()
         self.terminated_by_bridge = False
         self.returncode: int | None = None
         self._exited = trio.Event()
@@ -56,6 +59,13 @@ class MemoryAgent:
         self.prompt_gate: trio.Event | None = None
 
     async def run(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            self.returncode = 0 if self.returncode is None else self.returncode
+            self._exited.set()
+
+    async def _serve(self) -> None:
         with self._cancel_scope:
             buffer = b""
             while True:
@@ -65,25 +75,33 @@ class MemoryAgent:
                 buffer += data
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
+                    self.received_raw.append(line)
                     message = json.loads(line)
                     self.received.append(message)
                     await self._handle(message)
-        self.returncode = 0 if self.returncode is None else self.returncode
         with trio.CancelScope(shield=True):
             await self._output.aclose()
-        self._exited.set()
 
     async def send(self, message: Any) -> None:
-        await self._output.send_all(json.dumps(message).encode() + b"\n")
+        await self.send_raw(jsonrpc.encode(message))
+
+    async def send_raw(self, line: bytes) -> None:
+        async with self._writing:
+            await self._output.send_all(line + b"\n")
 
     async def _answer(self, request_id: Any, result: Any) -> None:
         await self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
     async def _handle(self, message: Any) -> None:
+        if isinstance(message, list):
+            for member in message:
+                await self._handle(member)
+            return
         if not isinstance(message, dict):
             return
         method = message.get("method")
-        params = message.get("params") or {}
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
         request_id = message.get("id")
         if method is None:
             waiting = self._asked.pop(request_id, None)
@@ -125,7 +143,7 @@ class MemoryAgent:
             await self.send(
                 {"jsonrpc": "2.0", "id": params["id"], "method": params["method"], "params": {}}
             )
-        elif request_id is not None and method != "session/cancel":
+        elif request_id is not None:
             await self.send(
                 {
                     "jsonrpc": "2.0",
@@ -144,13 +162,12 @@ class MemoryAgent:
             await self.stdin.aclose()
             with trio.move_on_after(grace):
                 await self.wait()
-            if self.returncode is not None:
-                return self.returncode
-            self.terminated_by_bridge = True
-            self.returncode = -15
-            self._cancel_scope.cancel()
-            await self.wait()
-        return self.returncode
+            if not self._exited.is_set():
+                self.terminated_by_bridge = True
+                self.returncode = -15
+                self._cancel_scope.cancel()
+            status = await self.wait()
+        return status
 
 
 class MemorySpawner:

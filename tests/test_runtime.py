@@ -58,7 +58,13 @@ async def bridge_over_memory(
             registry=AdapterRegistry([USER_ADAPTERS]),
             spawner=spawner,
         )
-        nursery.start_soon(lambda: bridge.run(watch_signals=False))
+        finished = trio.Event()
+
+        async def run() -> None:
+            await bridge.run(watch_signals=False)
+            finished.set()
+
+        nursery.start_soon(run)
         client = Client(to_bridge_send, from_bridge_receive)
         await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                            "params": {"protocolVersion": 1}})  # fmt: skip
@@ -66,7 +72,17 @@ async def bridge_over_memory(
         assert "systemPrompt" in advertised["result"]["agentCapabilities"]["sessionCapabilities"]
         yield client, spawner.agents[0]
         await to_bridge_send.aclose()
+        # Read what is left, as a client does, until the bridge has finished.
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, from_bridge_receive)
+            await finished.wait()
+            draining.cancel_scope.cancel()
     store.close()
+
+
+async def drain(stream: trio.abc.ReceiveStream) -> None:
+    while await stream.receive_some(1 << 20):
+        pass
 
 
 def new_session(request_id: Any) -> dict[str, Any]:
@@ -161,3 +177,17 @@ async def test_through_the_cli_a_slow_user_adapter_holds_up_only_its_session(
             assert elapsed < 0.1, f"unrelated traffic waited {elapsed:.3f} s"
             answer = await bridge.receive()
             assert answer["id"] == "held" and "result" in answer
+
+
+async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
+    open_bridge: Any,
+) -> None:
+    with trio.fail_after(20):
+        async with open_bridge(agent_argv=["/no/such/agent", "--acp"]) as bridge:
+            await bridge.request(1, "initialize", {"protocolVersion": 1})
+            answer = await bridge.receive()
+            assert answer["id"] == 1
+            assert "/no/such/agent" in answer["error"]["message"]
+            assert "No such file" in answer["error"]["message"]
+            assert answer["error"]["data"] == {"command": ["/no/such/agent", "--acp"]}
+            assert await bridge.process.wait() != 0

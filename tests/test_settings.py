@@ -66,7 +66,7 @@ def test_shipped_defaults_load(no_user_file: dict[str, str]) -> None:
     assert bridge.log_level == "warning"
     assert bridge.trace is None
     assert bridge.trace_prompts is False
-    assert set(config.agents) == {"claude", "claude-legacy", "goose", "codex"}
+    assert set(config.agents) == {"claude", "claude-legacy", "goose", "codex", "gemini", "qwen"}
     assert len(config.sources) == 2
 
 
@@ -157,9 +157,9 @@ def test_codex_preset_points_codex_at_the_responses_endpoint(
 
 def test_unknown_preset_error_lists_known_names(no_user_file: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_config(environ=no_user_file).agent("gemini")
-    assert "'gemini'" in str(caught.value)
-    assert "claude, claude-legacy, codex, goose" in str(caught.value)
+        load_config(environ=no_user_file).agent("cline")
+    assert "'cline'" in str(caught.value)
+    assert "claude, claude-legacy, codex, gemini, goose, qwen" in str(caught.value)
 
 
 # --- user files ------------------------------------------------------------------------
@@ -258,7 +258,7 @@ bridge:
 agents:
   new-agent:
     args: [x]
-    verify: {endpoint: gemini}
+    verify: {endpoint: bedrock}
 """,
     )
     with pytest.raises(ConfigError) as caught:

@@ -9,6 +9,7 @@ temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,9 +26,13 @@ import agents
 import pytest
 import trio
 from conftest import run_verify  # tests/agents.py: installs and caches the pinned agents
+from pooled_agent import processes_with_env
 
 from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 
@@ -313,3 +318,62 @@ async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: 
     assert report.table.count("PASS") >= 8
     assert "SKIP" in report.table  # codex-acp 0.16 has no session/fork
     assert "LIMIT" in report.table  # a changed append prompt cannot reach a stored session
+
+
+async def test_append_prompt_stays_off_every_command_line_when_the_relay_tells_the_environment(
+    codex: CodexSetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With AdapterContext.agent_environment() (supplied here the way the relay does: the
+    bridge's environment plus the agent's), the append text goes to a private CODEX_HOME
+    whose config.toml holds it, and the sessions stay in the user's CODEX_HOME."""
+
+    def agent_environment(self: Bridge) -> dict[str, str]:
+        return {**os.environ, **self.options.agent_env}
+
+    monkeypatch.setattr(Bridge, "agent_environment", agent_environment, raising=False)
+    marker = "MARKER-PRIVATE-APPEND-7"
+    options = BridgeOptions(
+        agent_argv=[
+            str(codex.binary),
+            *agents.codex_endpoint_args(PROVIDER, "test", codex.endpoint.url),
+            "-c",
+            "approval_policy=never",
+            "-c",
+            "sandbox_mode=read-only",
+        ],
+        agent_env={"CODEX_HOME": str(codex.home), "FAKE_OPENAI_API_KEY": "sk-acp-bridge-test"},
+        shutdown_grace=0.5,
+    )
+
+    @asynccontextmanager
+    async def bridge() -> AsyncIterator[AcpClient]:
+        async with open_embedded_bridge(options, SessionStore(codex.state)) as embedded:
+            await embedded.client.request("initialize", {"protocolVersion": 1})
+            yield embedded.client
+
+    with trio.fail_after(TIMEOUT * 2):
+        async with bridge() as client:
+            plain = await new_session(client, tmp_path)
+            appended = await new_session(client, tmp_path, append(marker + "\nsecond line"))
+            first = await ask(codex, client, appended)
+            await ask(codex, client, plain)
+            # The primary in the user's CODEX_HOME, the prompt's process in a private one.
+            assert len(codex_processes(codex.home)) == 1
+            assert processes_with_env(f"CODEX_SQLITE_HOME={codex.home}")
+            for pid in Path("/proc").iterdir():
+                with contextlib.suppress(OSError):
+                    assert marker.encode() not in (pid / "cmdline").read_bytes(), pid
+            listed = await client.request("session/list", {})
+            assert appended in json.dumps(listed)
+        # A restart: the stored prompt brings the session back to a private home.
+        async with bridge() as client:
+            await client.request(
+                "session/load", {"sessionId": appended, "cwd": str(tmp_path), "mcpServers": []}
+            )
+            await client.request("session/resume", {"sessionId": plain, "cwd": str(tmp_path)})
+            again = await ask(codex, client, appended)
+            plain_again = await ask(codex, client, plain)
+    assert has_developer(first, marker + "\nsecond line") and default_instructions(first)
+    assert has_developer(again, marker + "\nsecond line") and default_instructions(again)
+    assert not any(marker in t for t in plain_again.developer_texts())
+    assert not [p for p in codex.home.iterdir() if p.name.startswith("acp-bridge-")]
