@@ -184,6 +184,9 @@ class AdapterContext(Protocol):
     def live_sessions(self) -> set[str]:
         """Sessions opened through this bridge and not closed since, in this agent process."""
 
+    def agent_environment(self) -> Mapping[str, str]:
+        """The environment agent processes start with: the bridge's plus the configured one."""
+
     async def spawn_agent(
         self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
     ) -> AgentLink:

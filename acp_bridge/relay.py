@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -483,6 +484,9 @@ class Bridge:
 
     def live_sessions(self) -> set[str]:
         return set(self.live)
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return {**os.environ, **self.options.agent_env}
 
     def adapter_options(self, adapter: str) -> Mapping[str, Any]:
         return self.options.adapter_options.get(adapter, {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -92,6 +93,9 @@ class FakeContext:
 
     def live_sessions(self) -> set[str]:
         return set()
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return dict(os.environ)
 
     async def spawn_agent(
         self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -43,19 +43,23 @@ class Client:
 
 @asynccontextmanager
 async def bridge_over_memory(
-    lifecycle: Lifecycle | None = None, **options: Any
+    lifecycle: Lifecycle | None = None,
+    *,
+    adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
+    agent_name: str = "memory-agent",
+    **options: Any,
 ) -> AsyncIterator[tuple[Client, MemoryAgent]]:
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(":memory:")
     async with trio.open_nursery() as nursery:
-        spawner = MemorySpawner(nursery)
+        spawner = MemorySpawner(nursery, name=agent_name)
         bridge = Bridge(
             BridgeOptions(agent_argv=["memory-agent"], shutdown_grace=0.5, **options),
             to_bridge_receive,
             from_bridge_send,
             lifecycle or Lifecycle(store, "memory-agent"),
-            registry=AdapterRegistry([USER_ADAPTERS]),
+            registry=AdapterRegistry(adapter_folders),
             spawner=spawner,
         )
         finished = trio.Event()

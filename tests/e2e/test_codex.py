@@ -71,8 +71,9 @@ def codex_home() -> Iterator[Path]:
 
 
 def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[int]:
-    """Pids of live processes whose environment names this CODEX_HOME: codex-acp and
-    whatever it started (``only_codex``: the codex-acp processes themselves)."""
+    """Pids of live processes whose environment names this CODEX_HOME (or a private home
+    the bridge made inside it): codex-acp and whatever it started (``only_codex``: the
+    codex-acp processes themselves)."""
     marker = f"CODEX_HOME={codex_home}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -84,7 +85,7 @@ def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[i
             command = (entry / "cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if marker not in environ or state == "Z":
+        if not any(entry_.startswith(marker) for entry_ in environ) or state == "Z":
             continue
         if not only_codex or command.endswith(b"/codex-acp"):
             found.append(int(entry.name))
