@@ -374,6 +374,26 @@ async def test_chat_non_stream_and_content_part_system_and_developer() -> None:
             assert req.developer_texts() == ["DEV-MSG"]
 
 
+async def test_chat_title_call_answers_the_title_and_is_not_main() -> None:
+    # opencode names each session with its own call before the turn's main call; both
+    # carry the user's text, so only the system prompt tells them apart.
+    body = chat_body(stream=True)
+    body["messages"][0] = {
+        "role": "system",
+        "content": "You are a title generator. You output ONLY a thread title. Nothing else.",
+    }
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(delay=math.inf, title="Greeting") as endpoint:
+            # delay only holds main calls: the side call must still answer at once.
+            events = (await call(endpoint, "POST", "/v1/chat/completions", body)).sse()
+            text = "".join(
+                c["choices"][0]["delta"].get("content", "") for _, c in events[:-1] if c["choices"]
+            )
+            assert text == "Greeting"
+            assert [r.kind for r in endpoint.requests] == ["title"]
+            assert endpoint.main_requests() == []
+
+
 # -- OpenAI Responses --------------------------------------------------------------------
 
 

@@ -34,6 +34,9 @@ GEMINI_COUNT_TOKENS: Final = ":countTokens"
 # are recognised by fixed texts the CLI puts in them: the title call has its own system
 # prompt, the suggestion call reuses the main system prompt and ends with this request.
 TITLE_SYSTEM_MARKERS: Final = ("You are naming a coding session",)
+# opencode's session-title call on /chat/completions (its hidden ``title`` agent); it
+# carries the user's text like the main call, so only its system prompt tells it apart.
+CHAT_TITLE_SYSTEM_STARTS: Final = ("You are a title generator.",)
 SUGGESTION_USER_MARKERS: Final = ("Reply with ONLY the suggestion",)
 
 # Credentials are kept only as a short prefix: enough to tell which key a client sent,
@@ -78,7 +81,7 @@ def classify(method: str, path: str, headers: Mapping[str, str], body: Any) -> t
             return "anthropic", "other"
         return "anthropic", _anthropic_kind(body)
     if path.endswith("/chat/completions"):
-        return "openai-chat", "main" if method == "POST" else "other"
+        return "openai-chat", _chat_kind(body) if method == "POST" else "other"
     if path.endswith("/responses"):
         # Codex probes GET /responses for a WebSocket upgrade before using HTTP POST.
         return "openai-responses", "main" if method == "POST" else "other"
@@ -96,6 +99,18 @@ def _anthropic_kind(body: Any) -> Kind:
     users = _message_texts(body.get("messages"), roles=("user",), part_types=("text",))
     if users and any(marker in users[-1] for marker in SUGGESTION_USER_MARKERS):
         return "suggestion"
+    return "main"
+
+
+def _chat_kind(body: Any) -> Kind:
+    if not isinstance(body, dict):
+        return "main"
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if isinstance(first, dict) and first.get("role") == "system":
+        system = content_text(first.get("content"))
+        if system.startswith(CHAT_TITLE_SYSTEM_STARTS):
+            return "title"
     return "main"
 
 

@@ -99,6 +99,8 @@ def reply_for(request: RecordedRequest, text: str, title: str = DEFAULT_TITLE) -
             # The CLI parses the title call's text as JSON and wants a ``title`` key.
             text = json.dumps({"title": title})
         return anthropic_reply(request, text, seq)
+    if request.flavour == "openai-chat" and request.kind == "title":
+        return chat_reply(request, title, seq)
     if request.flavour == "openai-chat" and request.kind == "main":
         return chat_reply(request, text, seq)
     if request.flavour == "openai-responses" and request.kind == "main":

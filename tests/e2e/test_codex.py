@@ -31,7 +31,7 @@ from pooled_agent import processes_with_env
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
-from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.relay import BridgeOptions
 from acp_bridge.store import SessionStore
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +70,9 @@ def codex_home() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[int]:
+def processes_with_home(
+    codex_home: Path, *, only_codex: bool = False, exact: bool = False
+) -> list[int]:
     """Pids of live processes whose environment names this CODEX_HOME (or a private home
     the bridge made inside it): codex-acp and whatever it started (``only_codex``: the
     codex-acp processes themselves)."""
@@ -85,7 +87,8 @@ def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[i
             command = (entry / "cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if not any(entry_.startswith(marker) for entry_ in environ) or state == "Z":
+        named = marker in environ if exact else any(e.startswith(marker) for e in environ)
+        if not named or state == "Z":
             continue
         if not only_codex or command.endswith(b"/codex-acp"):
             found.append(int(entry.name))
@@ -321,17 +324,11 @@ async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: 
     assert "LIMIT" in report.table  # a changed append prompt cannot reach a stored session
 
 
-async def test_append_prompt_stays_off_every_command_line_when_the_relay_tells_the_environment(
-    codex: CodexSetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_append_prompt_stays_off_every_command_line(
+    codex: CodexSetup, tmp_path: Path
 ) -> None:
-    """With AdapterContext.agent_environment() (supplied here the way the relay does: the
-    bridge's environment plus the agent's), the append text goes to a private CODEX_HOME
-    whose config.toml holds it, and the sessions stay in the user's CODEX_HOME."""
-
-    def agent_environment(self: Bridge) -> dict[str, str]:
-        return {**os.environ, **self.options.agent_env}
-
-    monkeypatch.setattr(Bridge, "agent_environment", agent_environment, raising=False)
+    """The append text goes to a private CODEX_HOME whose config.toml holds it, and the
+    sessions stay in the user's CODEX_HOME."""
     marker = "MARKER-PRIVATE-APPEND-7"
     options = BridgeOptions(
         agent_argv=[
@@ -359,7 +356,7 @@ async def test_append_prompt_stays_off_every_command_line_when_the_relay_tells_t
             first = await ask(codex, client, appended)
             await ask(codex, client, plain)
             # The primary in the user's CODEX_HOME, the prompt's process in a private one.
-            assert len(codex_processes(codex.home)) == 1
+            assert len(processes_with_home(codex.home, only_codex=True, exact=True)) == 1
             assert processes_with_env(f"CODEX_SQLITE_HOME={codex.home}")
             for pid in Path("/proc").iterdir():
                 with contextlib.suppress(OSError):
