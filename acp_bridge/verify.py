@@ -184,8 +184,8 @@ def progress(message: str) -> None:
 class AgentLog:
     """The file that holds the agent's (and the in-process bridge's) stderr during a run.
 
-    Created private (mode 0600: the agent may log prompt text) and kept after the run so
-    the user can read it; :meth:`tail` shows a failing row's share of it.
+    Created private (mode 0600: the agent may log prompt text); kept after a run with a
+    failing row so the user can read it; :meth:`tail` shows a failing row's share of it.
     """
 
     def __init__(self) -> None:
@@ -892,7 +892,11 @@ def command() -> click.Command:
         metavar="NAME=VALUE",
         help="Extra agent environment; ${ENDPOINT_URL} and ${VERIFY_HOME} are expanded.",
     )
-    @click.option("--keep-home", is_flag=True, help="Keep the temporary home for inspection.")
+    @click.option(
+        "--keep-home",
+        is_flag=True,
+        help="Keep the temporary home and the agent's stderr file for inspection.",
+    )
     @click.option(
         "--verbose",
         "-v",
@@ -913,14 +917,18 @@ def command() -> click.Command:
         Runs AGENT_CMD (or --agent NAME, default: claude) behind the bridge, creates
         sessions with marker prompts in every advertised mode and lifecycle step, and
         prints what the model received: the table on stdout, progress on stderr. The
-        agent's own stderr goes to a file (its path is printed); its tail is shown under
-        a failing row. Exit status 0 only if no row fails.
+        agent's own stderr goes to a private file (its path is printed; removed after a
+        run without failures unless --keep-home or --verbose); its tail is shown under a
+        failing row. Exit status 0 only if no row fails.
         """
         home = Path(tempfile.mkdtemp(prefix="acp-bridge-verify-"))
         agent_log = AgentLog()
         try:
             plan = _make_plan(agent_cmd, home, endpoint_flavour, env_pairs, common)
-            progress(f"the agent's stderr goes to {agent_log.path}")
+            progress(
+                f"the agent's stderr goes to {agent_log.path} "
+                "(kept if a row fails, or with --keep-home or --verbose)"
+            )
             with agent_log.capturing() as console:
                 CONSOLE.stream = console
                 try:
@@ -942,8 +950,11 @@ def command() -> click.Command:
                 shutil.rmtree(home, ignore_errors=True)
             agent_log.remove_if_empty()
         click.echo(format_table(rows))
-        if not succeeded(rows):
+        passed = succeeded(rows)
+        if passed and not (keep_home or verbose):
+            agent_log.path.unlink(missing_ok=True)
+        elif agent_log.path.exists():
             progress(f"the agent's stderr is in {agent_log.path}")
-        sys.exit(0 if succeeded(rows) else 1)
+        sys.exit(0 if passed else 1)
 
     return verify

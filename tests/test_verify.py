@@ -203,7 +203,10 @@ async def test_a_declared_limit_fails_when_the_model_got_something_else(
 
 async def test_verify_keeps_the_agent_stderr_in_a_file_and_stderr_short(tmp_path: Path) -> None:
     report = await run_verify(
-        *verify_args(tmp_path, "--noise", "30"), env=private_tmp(tmp_path), timeout=60
+        "--keep-home",
+        *verify_args(tmp_path, "--noise", "30"),
+        env=private_tmp(tmp_path),
+        timeout=60,
     )
     report.assert_passed()
     assert report.table.splitlines()[0].split() == [
@@ -216,11 +219,17 @@ async def test_verify_keeps_the_agent_stderr_in_a_file_and_stderr_short(tmp_path
     assert "fake-model-agent DEBUG" not in report.table + report.stderr
     assert len(report.stderr.splitlines()) <= 20, report.stderr
     log = agent_log_path(report.stderr)
-    try:
-        assert log.stat().st_mode & 0o777 == 0o600
-        assert log.read_text().count("fake-model-agent DEBUG") >= 30 * 20
-    finally:
-        log.unlink()
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.read_text().count("fake-model-agent DEBUG") >= 30 * 20
+
+
+async def test_a_passing_verify_leaves_no_stderr_file_behind(tmp_path: Path) -> None:
+    report = await run_verify(
+        *verify_args(tmp_path, "--noise", "3"), env=private_tmp(tmp_path), timeout=60
+    )
+    report.assert_passed()
+    assert not agent_log_path(report.stderr).exists()
+    assert not list(tmp_path.glob("acp-bridge-verify-*"))
 
 
 async def test_verify_shows_the_agent_stderr_tail_under_a_failing_row(tmp_path: Path) -> None:
