@@ -29,6 +29,52 @@ class Delivery:
     override: bool = False
 
 
+class ReopenLimit(str):
+    """One documented limit of reopening a session with another prompt: the sentence
+    itself, plus what the model then receives instead, so ``verify`` can tell the limit
+    from a delivery failure.
+
+    ``receives``: prompts whose text still reaches the model though they were not asked for
+    (e.g. ``previous``). ``receives_created``: the prompt the session was created with still
+    reaches it; the bridge may no longer know that prompt (codex keeps it under a later
+    override), so it is named, not given. ``misses``: prompts asked for whose text does not
+    reach the model. A plain ``str`` from an adapter written before this class means the
+    common case, :meth:`of` spells it out: the previous prompt is still there and the new
+    one is not.
+    """
+
+    receives: tuple[SystemPrompt, ...]
+    receives_created: bool
+    misses: tuple[SystemPrompt, ...]
+
+    def __new__(
+        cls,
+        reason: str,
+        *,
+        receives: Sequence[SystemPrompt] = (),
+        receives_created: bool = False,
+        misses: Sequence[SystemPrompt] = (),
+    ) -> ReopenLimit:
+        limit = super().__new__(cls, reason)
+        limit.receives = tuple(receives)
+        limit.receives_created = receives_created
+        limit.misses = tuple(misses)
+        return limit
+
+    @classmethod
+    def of(
+        cls, limit: str, previous: SystemPrompt | None, prompt: SystemPrompt | None
+    ) -> ReopenLimit:
+        """``limit`` as a :class:`ReopenLimit`; a plain sentence gets the common case."""
+        if isinstance(limit, ReopenLimit):
+            return limit
+        return cls(
+            limit,
+            receives=(previous,) if previous is not None else (),
+            misses=(prompt,) if prompt is not None else (),
+        )
+
+
 class AgentError(Exception):
     """The agent answered a request with a JSON-RPC error."""
 
@@ -201,12 +247,15 @@ class Adapter:
         return Delivery()
 
     @classmethod
-    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+    def reopen_limits(
+        cls, previous: SystemPrompt | None, prompt: SystemPrompt | None
+    ) -> Sequence[str]:
         """What of ``prompt`` cannot reach the model when a session that ran with
-        ``previous`` is loaded or resumed with it: one sentence per documented limit.
+        ``previous`` is loaded or resumed with it: one :class:`ReopenLimit` (a sentence
+        that also says what the model then receives) per documented limit.
 
-        The adapter logs these when they happen; ``verify`` expects them instead of
-        reporting a failure.
+        The adapter logs these when they happen. ``verify`` shows a row that hits one as
+        LIMIT only when the model received what the limits say, and as FAIL otherwise.
         """
         return []
 

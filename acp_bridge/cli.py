@@ -12,10 +12,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import trio
@@ -25,7 +25,7 @@ from acp_bridge.agent_process import AgentStartError
 from acp_bridge.client import ClientRequestError, ConnectionLost
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.relay import AgentHandle, Bridge, BridgeOptions, spawn_process
 from acp_bridge.sessions_cli import sessions
 from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
 from acp_bridge.store import SessionStore, StoreError
@@ -39,19 +39,51 @@ log = logging.getLogger("acp_bridge")
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {"verify": ("acp_bridge.verify", "command")}
 
 
+DEFAULT_COMMAND: Final = "run"
+
+
 class BridgeGroup(click.Group):
-    """A group whose default command is ``run``: ``acp-bridge -- agent`` needs no verb."""
+    """A group whose default command is ``run``: ``acp-bridge -- agent`` needs no verb.
+
+    Its help shows the default command's options, since that is the command people run.
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         known = {*self.commands, *LAZY_COMMANDS}
         if args and args[0] not in known and args[0] not in ("--help", "-h", "--version"):
-            args = ["run", *args]
+            args = [DEFAULT_COMMAND, *args]
         elif not args:
-            args = ["run"]
+            args = [DEFAULT_COMMAND]
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [--] AGENT_CMD...")
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...", prefix="   or: ")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The default command's options (with the group's own --version and --help),
+        then the commands."""
+        records = []
+        default = self.commands.get(DEFAULT_COMMAND)
+        if default is not None:
+            with click.Context(default, info_name=DEFAULT_COMMAND, parent=ctx) as run_ctx:
+                own_help = default.get_help_option(run_ctx)
+                records += [
+                    record
+                    for param in default.get_params(run_ctx)
+                    if isinstance(param, click.Option)
+                    and param is not own_help
+                    and (record := param.get_help_record(run_ctx))
+                ]
+        records += [
+            record for param in self.get_params(ctx) if (record := param.get_help_record(ctx))
+        ]
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        self.format_commands(ctx, formatter)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
@@ -70,16 +102,36 @@ class Runtime:
     state: str
     registry: AdapterRegistry
     variables: dict[str, str]
+    install: str = ""
+    """The preset's install hint, for an agent that cannot be started."""
+
+    def start_failure(self, exc: AgentStartError) -> click.ClickException:
+        """The error for an agent that cannot be started, with how to install it."""
+        return click.ClickException(self.explain(str(exc)))
+
+    def explain(self, message: str) -> str:
+        """``message`` about a failed agent start, with the preset's install hint."""
+        return f"{message}\nTo get it: {self.install}" if self.install else message
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+        """Start an agent process; a failure names the preset's install hint, so the log
+        and the client's initialize error say how to get the agent."""
+        try:
+            return await spawn_process(argv, env)
+        except AgentStartError as exc:
+            raise AgentStartError(self.explain(str(exc))) from exc
 
 
 def _common_options(func: Any) -> Any:
     options = [
-        click.option("--agent", "agent_name", help="Run a named agent preset."),
+        click.option("--agent", "agent_name", metavar="NAME", help="Run a named agent preset."),
         click.option(
             "--config", "config_file", type=click.Path(path_type=Path), help="YAML config file."
         ),
-        click.option("--adapter", help="Adapter to use instead of choosing automatically."),
-        click.option("--state", help="Session database path, or ':memory:'."),
+        click.option(
+            "--adapter", metavar="NAME", help="Adapter to use instead of choosing automatically."
+        ),
+        click.option("--state", metavar="PATH", help="Session database path, or ':memory:'."),
         click.option("--no-override", is_flag=True, default=None, help="Never offer override."),
         click.option(
             "--on-omitted",
@@ -122,6 +174,7 @@ def resolve_runtime(
     )
     env: dict[str, str] = {}
     preset_adapter = None
+    install = ""
     lookup = {**os.environ, **(variables or {})}
     if agent_name and agent_cmd:
         raise click.UsageError("give either --agent NAME or an agent command, not both")
@@ -133,6 +186,7 @@ def resolve_runtime(
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc
         preset_adapter = preset.adapter
+        install = preset.install
     elif agent_cmd:
         argv = list(agent_cmd)
     else:
@@ -157,7 +211,7 @@ def resolve_runtime(
         shutdown_grace=settings.shutdown_grace,
         adapter_options=settings.adapter_options,
     )
-    return Runtime(config, options, str(state_location), registry, lookup)
+    return Runtime(config, options, str(state_location), registry, lookup, install)
 
 
 def open_store(path: str) -> SessionStore:
@@ -191,6 +245,7 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
             lifecycle,
             registry=runtime.registry,
             tracer=tracer,
+            spawner=runtime.spawn,
         )
         return await bridge.run()
     finally:
@@ -202,9 +257,9 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
 def main() -> None:
     """A transparent ACP proxy that gives any agent the systemPrompt session capability.
 
-    \b
-    acp-bridge [OPTIONS] -- AGENT_CMD...    run an agent behind the bridge on stdio
-    acp-bridge --agent NAME                 run a named preset (claude, goose, codex, ...)
+    Without a COMMAND, runs the bridge on stdio in front of AGENT_CMD, or of a named
+    preset with --agent NAME (claude, claude-legacy, goose, codex, gemini, qwen, opencode,
+    copilot, or your own).
     """
 
 
@@ -221,7 +276,7 @@ def run(
     trace_prompts: bool,
     **common: Any,
 ) -> None:
-    """Run the bridge on stdio in front of AGENT_CMD (or --agent NAME)."""
+    """The default command: run the bridge on stdio in front of AGENT_CMD (or --agent)."""
     # Before anything else runs: loading user adapters may print at import time.
     acp_fd = claim_stdout()
     runtime = resolve_runtime(agent_cmd, **common)
@@ -234,7 +289,7 @@ def run(
     try:
         status = trio.run(run_stdio, runtime, tracer, acp_fd)
     except AgentStartError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise runtime.start_failure(exc) from exc
     except KeyboardInterrupt:
         # Ctrl-C before the bridge listens for signals; the agent was stopped on the way out.
         status = 128 + signal.SIGINT
@@ -287,7 +342,7 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     try:
         report = trio.run(run_check, runtime)
     except AgentStartError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise runtime.start_failure(exc) from exc
     except (trio.TooSlowError, ClientRequestError, ConnectionLost) as exc:
         raise click.ClickException(f"the agent did not initialize: {exc}") from exc
     if as_json:

@@ -2,9 +2,17 @@
 ``acp_bridge.adapters``) and a user's own, from folders named in the configuration.
 
 An adapter module defines one or more :class:`~acp_bridge.adapter.Adapter` subclasses with
-a non-empty ``name``. Automatic choice: ``native`` when the agent advertises
-``systemPrompt`` itself, else the first adapter whose ``detect`` accepts the agent's
-``initialize`` response, else ``first-turn``.
+a non-empty ``name``.
+
+Automatic choice (spec section 7: the adapter that passes ``verify`` for the agent at hand):
+
+1. the first adapter, by name, whose ``detect`` accepts the agent's ``initialize`` response:
+   an adapter that recognises an agent knows its quirks, and a native advertisement alone
+   does not prove the agent applies a changed prompt (``@agentclientprotocol/claude-agent-acp``
+   0.92 and later advertise ``systemPrompt`` but pin a session's first one, so ``claude``
+   wins over ``native`` for them);
+2. ``native`` when the agent advertises ``systemPrompt`` itself;
+3. ``first-turn``.
 """
 
 from __future__ import annotations
@@ -84,10 +92,10 @@ class AdapterRegistry:
             raise AdapterNotFound(f"unknown adapter {name!r}; known adapters: {known}") from None
 
     def choose(self, initialize_result: JsonObject) -> type[Adapter]:
-        if native_delivery(initialize_result) is not None:
-            return self.get(NATIVE)
         for name in self.names():
             adapter = self.adapters[name]
             if name not in (NATIVE, FALLBACK) and adapter.detect(initialize_result):
                 return adapter
+        if native_delivery(initialize_result) is not None:
+            return self.get(NATIVE)
         return self.get(FALLBACK)

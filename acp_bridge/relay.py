@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
 import signal
@@ -57,6 +58,7 @@ from acp_bridge.system_prompt import (
     PromptRejected,
     SystemPrompt,
     parse_system_prompt,
+    take_system_prompt,
 )
 from acp_bridge.trace import Tracer
 
@@ -785,12 +787,19 @@ class Bridge:
     def _prepare_lifecycle(self, call: Call) -> None:
         """Validate the client's systemPrompt and apply the on_omitted policy (spec §5, §6)."""
         assert self.delivery is not None
-        raw_prompt = call.params.pop("systemPrompt", None)
-        prompt = parse_system_prompt(
-            raw_prompt,
-            override_allowed=self.delivery.override,
-            max_bytes=self.options.max_prompt_bytes,
-        )
+        raw_prompt, source = take_system_prompt(call.params)
+        try:
+            prompt = parse_system_prompt(
+                raw_prompt,
+                override_allowed=self.delivery.override,
+                max_bytes=self.options.max_prompt_bytes,
+            )
+        except PromptRejected as rejected:
+            if source == "systemPrompt":
+                raise
+            # The error names the field where the client put it (_meta.systemPrompt...).
+            field = source + rejected.field.removeprefix("systemPrompt")
+            raise dataclasses.replace(rejected, field=field) from None
         call.client_sent_prompt = prompt is not None
         if prompt is None and self.options.on_omitted == "keep":
             prompt = call.previous

@@ -384,7 +384,7 @@ async def serve(
     drop_token_from_environment()
     listeners = await open_listeners(address)
     ours = socket_identity(Path(address.path)) if address.scheme == "unix" else None
-    log.warning("listening on %s", address)
+    log.info("listening on %s", address)
     try:
         async with trio.open_nursery() as nursery:
             started = await nursery.start(trio.serve_listeners, server.handle, listeners)

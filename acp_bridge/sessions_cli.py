@@ -23,7 +23,7 @@ from acp_bridge.store import MEMORY, SessionRecord, SessionStore, StoreError
 _STATE_KEY: Final = "acp_bridge.sessions.state"
 
 
-@click.group("sessions")
+@click.group("sessions", invoke_without_command=True)
 @click.option(
     "--state",
     "state",
@@ -35,7 +35,10 @@ _STATE_KEY: Final = "acp_bridge.sessions.state"
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML config file.")
 @click.pass_context
 def sessions(ctx: click.Context, state: str | None, config_file: Path | None) -> None:
-    """List, show or forget the sessions whose system prompts the bridge remembers."""
+    """List, show or forget the sessions whose system prompts the bridge remembers.
+
+    Without a command, lists them.
+    """
     try:
         if state is None:  # the database the bridge itself uses with this configuration
             state = load_config(config_file).bridge.state
@@ -43,6 +46,8 @@ def sessions(ctx: click.Context, state: str | None, config_file: Path | None) ->
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     ctx.meta[_STATE_KEY] = str(location)
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_sessions)
 
 
 @sessions.command("list")

@@ -167,6 +167,9 @@ class AgentPreset(_Section):
     env: dict[str, Text] = Field(default_factory=dict)
     adapter: str = "auto"
     description: str = ""
+    install: str = ""
+    """How to install the agent (or which variable points at it): shown when ``command``
+    cannot be started."""
     verify: VerifySpec | None = None
 
     _where: str = PrivateAttr(default="agent")

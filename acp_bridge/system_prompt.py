@@ -7,12 +7,15 @@ itself, so a rejected request never reaches the agent. Everything here is sans-I
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+
+log = logging.getLogger(__name__)
 
 FIELD: Final = "systemPrompt"
 # Large enough for any hand-written persona or team instructions, small enough that a
@@ -123,3 +126,40 @@ def parse_system_prompt(
     if meta is not None and not isinstance(meta, dict):
         raise PromptRejected("The systemPrompt _meta must be an object.", f"{FIELD}._meta")
     return SystemPrompt.model_validate(value)
+
+
+META_FIELD: Final = "_meta.systemPrompt"
+
+
+def take_system_prompt(params: JsonObject) -> tuple[object | None, str]:
+    """Remove the client's prompt from lifecycle request ``params``; return it unvalidated
+    with the wire path it came from (``systemPrompt`` or ``_meta.systemPrompt``).
+
+    The standard ``systemPrompt`` param wins (``null`` counts as absent). Without it, a
+    ``_meta.systemPrompt`` of the RFD's shape (an object with ``mode`` and ``content``) is
+    the prompt too: SDK clients whose schema predates the field (the Python SDK 0.12.1)
+    put it there.
+
+    Validate the value with :func:`parse_system_prompt` like the standard one; an error's
+    field path then starts with the returned source instead of ``systemPrompt``. Only that
+    key leaves ``_meta``: the client's other ``_meta`` keys are forwarded as sent, and a
+    ``_meta`` that held nothing else is dropped. Any other ``_meta.systemPrompt``
+    (claude-agent-acp's own string or ``{append}`` forms) is not a prompt for the bridge
+    and stays in place. ``(None, "systemPrompt")``: no prompt.
+    """
+    standard = params.pop(FIELD, None)
+    if standard is not None:
+        return standard, FIELD
+    meta = params.get("_meta")
+    value = meta.get(FIELD) if isinstance(meta, dict) else None
+    if not (isinstance(meta, dict) and isinstance(value, dict)):
+        return None, FIELD
+    if "mode" not in value or "content" not in value:
+        return None, FIELD
+    rest = {key: item for key, item in meta.items() if key != FIELD}
+    if rest:
+        params["_meta"] = rest
+    else:
+        del params["_meta"]
+    log.debug("systemPrompt taken from _meta.systemPrompt (a client that predates the field)")
+    return value, META_FIELD

@@ -23,23 +23,25 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TextIO
 
 import click
 import trio
 
 from acp_bridge import capabilities
+from acp_bridge.adapter import ReopenLimit
+from acp_bridge.agent_process import AgentStartError
 from acp_bridge.client import AcpClient, ClientRequestError, ConnectionLost
 from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 from acp_bridge.relay import BridgeOptions
-from acp_bridge.settings import ConfigError, expand
+from acp_bridge.settings import Config, ConfigError, expand
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -57,7 +59,11 @@ MIN_SIGNATURE_LINE: Final = 20
 KEPT_AT_LEAST: Final = 0.7
 GONE_AT_MOST: Final = 0.3
 
-# LIMIT: the adapter documents that this step cannot reach the model (RFD: SHOULD apply).
+# Lines of the agent's stderr shown under a failing row (all of it stays in the file).
+STDERR_TAIL: Final = 20
+
+# LIMIT: the adapter documents that this step cannot reach the model (RFD: SHOULD apply),
+# and the model received exactly what the adapter says it then receives.
 Status = Literal["PASS", "FAIL", "SKIP", "LIMIT"]
 
 
@@ -106,6 +112,43 @@ class Expect:
         return ", ".join(parts)
 
 
+def limited_expectation(
+    expect: Expect,
+    limits: Sequence[ReopenLimit],
+    wanted: SystemPrompt | None,
+    markers: Sequence[str],
+    created: SystemPrompt | None = None,
+) -> Expect:
+    """What the model must show for a step whose prompt hits the adapter's ``limits``.
+
+    ``expect`` is the step's own expectation; ``markers`` are the markers of the step's
+    prompts, found in a limit's prompts by their text; ``created`` is the prompt the session
+    was created with. A prompt a limit says the model still receives must be present, one
+    it misses must be absent, and the agent's default prompt is gone exactly when an
+    override is in effect.
+    """
+
+    def marks(prompts: Sequence[SystemPrompt]) -> list[str]:
+        return [m for m in markers if any(m in prompt.text for prompt in prompts)]
+
+    received = [prompt for limit in limits for prompt in limit.receives]
+    if created is not None and any(limit.receives_created for limit in limits):
+        received.append(created)
+    missed = [prompt for limit in limits for prompt in limit.misses]
+    kept, lost = marks(received), marks(missed)
+    present = [m for m in expect.present if m not in lost]
+    present += [m for m in kept if m not in present]
+    absent = [m for m in expect.absent if m not in kept]
+    absent += [m for m in lost if m not in absent]
+    in_effect = list(received)
+    if wanted is not None and wanted.fingerprint() not in {p.fingerprint() for p in missed}:
+        in_effect.append(wanted)
+    default: Literal["kept", "gone"] = (
+        "gone" if any(p.mode == "override" for p in in_effect) else "kept"
+    )
+    return Expect(tuple(present), tuple(absent), default)
+
+
 @dataclass
 class VerifyPlan:
     """Everything a run needs, resolved by the command line."""
@@ -115,13 +158,79 @@ class VerifyPlan:
     flavour: Flavour
     home: Path
     state: str
+    install: str = ""
+    """The preset's install hint, for an agent that cannot be started."""
 
 
 _STARTED = time.monotonic()
 
 
+@dataclass
+class Console:
+    """Where progress goes: the terminal's stderr, also while fd 2 points at the agent's
+    log (``None``: whatever ``sys.stderr`` is)."""
+
+    stream: TextIO | None = None
+
+
+CONSOLE: Final = Console()
+
+
 def progress(message: str) -> None:
-    click.echo(f"verify [{time.monotonic() - _STARTED:6.1f}s] {message}", err=True)
+    elapsed = time.monotonic() - _STARTED
+    click.echo(f"verify [{elapsed:6.1f}s] {message}", file=CONSOLE.stream, err=True)
+
+
+class AgentLog:
+    """The file that holds the agent's (and the in-process bridge's) stderr during a run.
+
+    Created private (mode 0600: the agent may log prompt text); kept after a run with a
+    failing row so the user can read it; :meth:`tail` shows a failing row's share of it.
+    """
+
+    def __init__(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="acp-bridge-verify-", suffix=".stderr.log")
+        os.close(fd)
+        self.path = Path(name)
+
+    def remove_if_empty(self) -> None:
+        """Nothing to read (the agent never started, or said nothing): leave no file."""
+        if self.size() == 0:
+            self.path.unlink(missing_ok=True)
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def tail(self, since: int = 0, lines: int = STDERR_TAIL) -> list[str]:
+        """The last ``lines`` lines written after offset ``since``."""
+        try:
+            with self.path.open("rb") as log_file:
+                log_file.seek(since)
+                text = log_file.read().decode(errors="replace")
+        except OSError:
+            return []
+        return text.splitlines()[-lines:]
+
+    @contextmanager
+    def capturing(self) -> Iterator[TextIO]:
+        """Point fd 2 at the file (the agent inherits it; logging writes to it); yield a
+        stream on the real stderr for progress, and restore fd 2 on the way out."""
+        sys.stderr.flush()
+        saved = os.dup(2)
+        target = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, 2)
+        os.close(target)
+        console = os.fdopen(os.dup(saved), "w", buffering=1)
+        try:
+            yield console
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            console.close()
 
 
 # ------------------------------------------------------------------------------------
@@ -215,15 +324,26 @@ class Session:
 
 
 class VerifyRun:
-    def __init__(self, plan: VerifyPlan, endpoint: ModelEndpoint) -> None:
+    def __init__(
+        self,
+        plan: VerifyPlan,
+        endpoint: ModelEndpoint,
+        agent_log: AgentLog | None = None,
+        verbose: bool = False,
+    ) -> None:
         self.plan = plan
         self.endpoint = endpoint
+        self.agent_log = agent_log
+        self.verbose = verbose
         self.rows: list[Row] = []
         self.turns = itertools.count(1)
         self.default = DefaultPrompt()
         self.cwd = plan.home / "project"
         self.cwd.mkdir(parents=True, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:8]
+        # Per mode: the marker of the prompt the session runs with, as far as the model is
+        # concerned (a reopen at a documented limit may leave the previous one in place).
+        self.in_effect: dict[str, str] = {}
         self.broken: dict[str, str] = {}
 
     def marker(self, mode: str, step: str) -> str:
@@ -260,42 +380,70 @@ class VerifyRun:
         names: dict[str, str],
         action: Any,
         *,
-        limits: Sequence[str] = (),
+        limits: Sequence[ReopenLimit] = (),
+        wanted: JsonObject | None = None,
+        created: JsonObject | None = None,
     ) -> Session | None:
         """Run ``action`` (returns a Session), prompt it, and record a row.
 
-        With ``limits`` (the adapter's documented reasons this step cannot fully apply),
-        the call must still succeed, and the row shows what the model got as LIMIT.
+        With ``limits`` (the adapter's documented reasons this step cannot fully apply to
+        the ``wanted`` prompt), the call must still succeed, and the row reads LIMIT when
+        the model received what the limits say it then receives, FAIL otherwise.
         """
+        if limits:
+            expect = limited_expectation(
+                expect,
+                limits,
+                SystemPrompt.from_wire(wanted) if wanted else None,
+                list(names),
+                SystemPrompt.from_wire(created) if created else None,
+            )
         row = Row(step, mode, expect.describe(names))
         if limits:
-            row.expectation = "documented limit: " + "; ".join(limits)
+            row.expectation = f"documented limit: {'; '.join(limits)}; so {row.expectation}"
         self.rows.append(row)
         progress(f"{step} [{mode}]")
+        since = self.agent_log.size() if self.agent_log else 0
         try:
-            with trio.fail_after(STEP_TIMEOUT):
-                session: Session = await action()
-            request = await session.prompt()
-        except (ClientRequestError, ConnectionLost, trio.TooSlowError, TimeoutError) as exc:
-            row.observed = f"error: {_describe_error(exc)}"
-            return None
-        self.check(row, request, expect)
-        if limits:
-            row.status = "LIMIT"
-        return session
+            try:
+                with trio.fail_after(STEP_TIMEOUT):
+                    session: Session = await action()
+                request = await session.prompt()
+            except (ClientRequestError, ConnectionLost, trio.TooSlowError, TimeoutError) as exc:
+                row.observed = f"error: {_describe_error(exc)}"
+                return None
+            self.check(row, request, expect)
+            if limits and row.status == "PASS":
+                row.status = "LIMIT"
+            return session
+        finally:
+            self.report(row, since)
+
+    def report(self, row: Row, since: int) -> None:
+        """Show a failing row's share of the agent's stderr (every row's with --verbose)."""
+        if self.agent_log is None or not (row.status == "FAIL" or self.verbose):
+            return
+        if row.status == "FAIL":
+            progress(f"FAIL {row.step} [{row.mode}]: {row.observed}")
+        lines = self.agent_log.tail(since)
+        if lines:
+            progress(f"agent stderr during this step (last {len(lines)} lines):")
+            for line in lines:
+                click.echo(f"    {line}", file=CONSOLE.stream, err=True)
 
     def limits(
         self, agent: Agent, previous: JsonObject | None, wanted: JsonObject | None
-    ) -> list[str]:
+    ) -> list[ReopenLimit]:
         """The adapter's documented limits for reopening a session with another prompt."""
         try:
             adapter = self.plan.registry.get(agent.adapter)
         except AdapterNotFound:
             return []
-        return adapter.reopen_limits(
-            SystemPrompt.from_wire(previous) if previous else None,
-            SystemPrompt.from_wire(wanted) if wanted else None,
-        )
+        before = SystemPrompt.from_wire(previous) if previous else None
+        after = SystemPrompt.from_wire(wanted) if wanted else None
+        return [
+            ReopenLimit.of(limit, before, after) for limit in adapter.reopen_limits(before, after)
+        ]
 
     def broken_methods(self, agent: Agent, initialized: JsonObject) -> dict[str, str]:
         """Methods the adapter says fail upstream in this agent version (shown as SKIP)."""
@@ -340,6 +488,7 @@ class VerifyRun:
                 session = await self._new(client, mode)
                 if session is not None:
                     sessions[mode] = session.session_id
+                    self.in_effect[mode] = self.marker(mode, "new")
                     await self._load_after_close(client, agent, mode, session.session_id)
         if not sessions:
             return
@@ -358,6 +507,7 @@ class VerifyRun:
         row = Row("baseline (no prompt)", "-", "default prompt recorded")
         self.rows.append(row)
         progress("baseline session without a prompt")
+        since = self.agent_log.size() if self.agent_log else 0
         try:
             with trio.fail_after(STEP_TIMEOUT):
                 result = await client.request(
@@ -367,6 +517,7 @@ class VerifyRun:
             request = await session.prompt()
         except (ClientRequestError, ConnectionLost, trio.TooSlowError, TimeoutError) as exc:
             row.observed = f"error: {_describe_error(exc)}"
+            self.report(row, since)
             return None
         system = request.system_text()
         self.default = DefaultPrompt.from_text(system)
@@ -374,6 +525,7 @@ class VerifyRun:
         row.status = "PASS" if self.default.lines else "FAIL"
         if not self.default.lines:
             row.observed += " (the agent sent no system prompt of its own)"
+        self.report(row, since)
         return session
 
     def _names(self, **markers: str) -> dict[str, str]:
@@ -468,23 +620,29 @@ class VerifyRun:
             self.skip("reopen with a changed prompt", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} of a live session, changed prompt"
-        old, new = self.marker(mode, "new"), self.marker(mode, "changed")
+        old, new = self.in_effect[mode], self.marker(mode, "changed")
+        first = self.marker(mode, "new")
         expect = Expect(present=(new,), absent=(old,), default=_default_for(mode))
+        limits = self.limits(agent, system_prompt(mode, old), system_prompt(mode, new))
         await self.step(
             step,
             mode,
             expect,
-            self._names(marker=new, previous=old),
+            self._names(first=first, marker=new, previous=old),
             lambda: self._reopen(client, method, session_id, system_prompt(mode, new)),
-            limits=self.limits(agent, system_prompt(mode, old), system_prompt(mode, new)),
+            limits=limits,
+            wanted=system_prompt(mode, new),
+            created=system_prompt(mode, first),
         )
+        if not any(new in prompt.text for limit in limits for prompt in limit.misses):
+            self.in_effect[mode] = new
 
     async def _fork(self, client: AcpClient, agent: Agent, mode: str, session_id: str) -> None:
         step = "fork with its own prompt"
         if not agent.fork:
             self.skip(step, mode, "the agent does not advertise session/fork")
             return
-        parent, marker = self.marker(mode, "changed"), self.marker(mode, "fork")
+        parent, marker = self.in_effect[mode], self.marker(mode, "fork")
 
         async def action() -> Session:
             result = await client.request(
@@ -509,15 +667,23 @@ class VerifyRun:
             self.skip("reopen after restart, omitted (default)", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} after restart, omitted (default)"
-        old = self.marker(mode, "changed")
-        expect = Expect(absent=(old,), default="kept")
+        # None of the session's prompts may remain: not the one in effect, nor one that
+        # was asked for earlier (a pinned first prompt outliving the default shows here).
+        old, first, changed = (
+            self.in_effect[mode],
+            self.marker(mode, "new"),
+            self.marker(mode, "changed"),
+        )
+        names = self._names(first=first, changed=changed, previous=old)
+        expect = Expect(absent=tuple(names), default="kept")
         await self.step(
             step,
             mode,
             expect,
-            self._names(previous=old),
+            names,
             lambda: self._reopen(client, method, session_id, None),
             limits=self.limits(agent, system_prompt(mode, old), None),
+            created=system_prompt(mode, first),
         )
 
 
@@ -532,6 +698,17 @@ def _describe_error(exc: BaseException) -> str:
     if isinstance(exc, trio.TooSlowError):
         return f"no answer within {STEP_TIMEOUT:.0f} s"
     return str(exc) or type(exc).__name__
+
+
+def _start_error(exc: BaseException) -> AgentStartError | None:
+    """The AgentStartError behind ``exc``, also from inside the bridge's exception group."""
+    if isinstance(exc, AgentStartError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _start_error(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -596,11 +773,21 @@ def _make_plan(
         common["agent_name"] = agent_name = DEFAULT_AGENT
     runtime = resolve_runtime(agent_cmd, state=state, variables=variables, **common)
     try:
-        if agent_name:
-            spec = runtime.config.agent(agent_name).verify
+        spec_name = agent_name
+        if not agent_name and flavour is None and not env_pairs:
+            # `verify -- npx -y <the claude preset's package>` needs no --endpoint/--env:
+            # a preset with the same command says how to point the agent at the endpoint.
+            spec_name = _preset_with_command(runtime.config, agent_cmd, lookup)
+            if spec_name:
+                progress(
+                    f"the agent is pointed at the endpoint as preset {spec_name!r} does "
+                    "(same command); the adapter is chosen as usual"
+                )
+        if spec_name:
+            spec = runtime.config.agent(spec_name).verify
             if spec is None:
                 raise click.ClickException(
-                    f"the preset {agent_name!r} has no verify section: use -- AGENT_CMD "
+                    f"the preset {spec_name!r} has no verify section: use -- AGENT_CMD "
                     "with --endpoint and --env instead"
                 )
             flavour = flavour or spec.endpoint
@@ -614,13 +801,38 @@ def _make_plan(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if flavour not in FLAVOURS:
-        raise click.UsageError("give --endpoint " + "|".join(FLAVOURS))
+        raise click.UsageError(
+            f"give --endpoint {'|'.join(FLAVOURS)} and --env NAME=VALUE settings that "
+            "point the agent at ${ENDPOINT_URL}, or --agent NAME of a preset with a verify "
+            "section"
+        )
     options = dataclasses.replace(
         runtime.options,
         agent_argv=[*runtime.options.agent_argv, *extra_args],
         agent_env={**runtime.options.agent_env, **extra_env},
     )
-    return VerifyPlan(options, runtime.registry, flavour, home, runtime.state)  # type: ignore[arg-type]
+    return VerifyPlan(
+        options,
+        runtime.registry,
+        flavour,  # type: ignore[arg-type]
+        home,
+        runtime.state,
+        runtime.install,
+    )
+
+
+def _preset_with_command(
+    config: Config, agent_cmd: Sequence[str], variables: dict[str, str]
+) -> str | None:
+    """The preset with a verify section whose command line is exactly ``agent_cmd``."""
+    for name, preset in config.agents.items():
+        try:
+            same = preset.resolved_command(variables) == list(agent_cmd)
+        except ConfigError:
+            continue
+        if same and preset.verify is not None:
+            return name
+    return None
 
 
 ENDPOINT_PLACEHOLDER: Final = "http://acp-bridge-verify-endpoint.invalid"
@@ -641,16 +853,20 @@ def bind_endpoint(plan: VerifyPlan, url: str) -> VerifyPlan:
     return dataclasses.replace(plan, options=options)
 
 
-async def run_verify(plan: VerifyPlan) -> list[Row]:
+async def run_verify(
+    plan: VerifyPlan, agent_log: AgentLog | None = None, verbose: bool = False
+) -> list[Row]:
     """Run every step against a fresh endpoint; the table rows, in order."""
     async with open_model_endpoint() as endpoint:
         bound = bind_endpoint(plan, endpoint.url)
         progress(f"model endpoint {endpoint.url} ({plan.flavour})")
-        run = VerifyRun(bound, endpoint)
+        run = VerifyRun(bound, endpoint, agent_log, verbose)
+        since = agent_log.size() if agent_log else 0
         try:
             await run.main()
         except (ClientRequestError, ConnectionLost, trio.TooSlowError, OSError) as exc:
             run.fail("run", "-", f"error: {_describe_error(exc)}")
+            run.report(run.rows[-1], since)
         return run.rows
 
 
@@ -676,31 +892,69 @@ def command() -> click.Command:
         metavar="NAME=VALUE",
         help="Extra agent environment; ${ENDPOINT_URL} and ${VERIFY_HOME} are expanded.",
     )
-    @click.option("--keep-home", is_flag=True, help="Keep the temporary home for inspection.")
+    @click.option(
+        "--keep-home",
+        is_flag=True,
+        help="Keep the temporary home and the agent's stderr file for inspection.",
+    )
+    @click.option(
+        "--verbose",
+        "-v",
+        is_flag=True,
+        help="Show the agent's stderr under every row, not only under failing ones.",
+    )
     @click.argument("agent_cmd", nargs=-1, type=click.UNPROCESSED)
     def verify(
         agent_cmd: tuple[str, ...],
         endpoint_flavour: str | None,
         env_pairs: tuple[str, ...],
         keep_home: bool,
+        verbose: bool,
         **common: Any,
     ) -> None:
         """Prove delivery end to end against an embedded local model endpoint.
 
         Runs AGENT_CMD (or --agent NAME, default: claude) behind the bridge, creates
         sessions with marker prompts in every advertised mode and lifecycle step, and
-        prints what the model received. Exit status 0 only if every row passes.
+        prints what the model received: the table on stdout, progress on stderr. The
+        agent's own stderr goes to a private file (its path is printed; removed after a
+        run without failures unless --keep-home or --verbose); its tail is shown under a
+        failing row. Exit status 0 only if no row fails.
         """
         home = Path(tempfile.mkdtemp(prefix="acp-bridge-verify-"))
+        agent_log = AgentLog()
         try:
             plan = _make_plan(agent_cmd, home, endpoint_flavour, env_pairs, common)
-            rows = trio.run(run_verify, plan)
+            progress(
+                f"the agent's stderr goes to {agent_log.path} "
+                "(kept if a row fails, or with --keep-home or --verbose)"
+            )
+            with agent_log.capturing() as console:
+                CONSOLE.stream = console
+                try:
+                    rows = trio.run(run_verify, plan, agent_log, verbose)
+                except Exception as exc:
+                    start_error = _start_error(exc)
+                    if start_error is None:
+                        raise
+                    message = str(start_error)
+                    if plan.install:
+                        message += f"\nTo get it: {plan.install}"
+                    raise click.ClickException(message) from exc
+                finally:
+                    CONSOLE.stream = None
         finally:
             if keep_home:
                 progress(f"kept {home}")
             else:
                 shutil.rmtree(home, ignore_errors=True)
+            agent_log.remove_if_empty()
         click.echo(format_table(rows))
-        sys.exit(0 if succeeded(rows) else 1)
+        passed = succeeded(rows)
+        if passed and not (keep_home or verbose):
+            agent_log.path.unlink(missing_ok=True)
+        elif agent_log.path.exists():
+            progress(f"the agent's stderr is in {agent_log.path}")
+        sys.exit(0 if passed else 1)
 
     return verify

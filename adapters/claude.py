@@ -1,9 +1,10 @@
-"""``claude``: claude-agent-acp without native ``systemPrompt``; the prompt goes in ``_meta``.
+"""``claude``: every claude-agent-acp release; the prompt goes in ``_meta``.
 
 claude-agent-acp reads ``_meta.systemPrompt`` on ``session/new``, ``session/load``,
 ``session/resume`` and ``session/fork``: an object ``{append}`` keeps the Claude Code
 preset and appends to it, a string replaces the preset. The agent never stores the prompt,
-so the bridge re-sends it on every lifecycle request.
+so the bridge re-sends it on every lifecycle request. A client that sends the agent's own
+``_meta.systemPrompt`` itself, without ``systemPrompt``, has it forwarded as sent.
 
 Two version differences shape what is sent:
 
@@ -126,6 +127,11 @@ class ClaudeAdapter(Adapter):
         return ClaudeAgent.from_initialize(call.link.initialize_result)
 
     def _apply(self, call: LifecycleCall, agent: ClaudeAgent) -> None:
+        meta = call.params.get("_meta")
+        if not call.client_sent_prompt and isinstance(meta, dict) and "systemPrompt" in meta:
+            # The client speaks the agent's own _meta.systemPrompt and sent no systemPrompt:
+            # its choice, forwarded as sent (before any stored prompt of the policy).
+            return
         additions = system_prompt_meta(call.prompt, agent)
         if additions is not None:
             call.params["_meta"] = merge_meta(call.params.get("_meta"), additions)

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from acp_bridge.adapter import ReopenLimit
 from acp_bridge.jsonrpc import INVALID_PARAMS
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, prompt_key
 from acp_bridge.system_prompt import SystemPrompt
@@ -66,9 +67,12 @@ def toml_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def reopen_effect(created_with: SystemPrompt | None, wanted: SystemPrompt | None) -> list[str]:
+def reopen_effect(
+    created_with: SystemPrompt | None, wanted: SystemPrompt | None
+) -> list[ReopenLimit]:
     """What of ``wanted`` cannot reach the model when a session created with
-    ``created_with`` is reopened in ``wanted``'s process; one sentence per problem.
+    ``created_with`` is reopened in ``wanted``'s process; one limit per problem, each
+    saying what the model receives instead.
 
     codex stores the developer message in the conversation at ``session/new`` and the
     base instructions in the session's metadata; only an explicit override replaces
@@ -81,14 +85,26 @@ def reopen_effect(created_with: SystemPrompt | None, wanted: SystemPrompt | None
     old_override = created_with if created_with and created_with.mode == "override" else None
     if wanted is not None and wanted.mode == "append":
         problems.append(
-            "codex keeps a session's developer instructions from session/new; "
-            "the new append prompt is not added"
+            ReopenLimit(
+                "codex keeps a session's developer instructions from session/new; "
+                "the new append prompt is not added",
+                receives_created=old_append is not None,
+                misses=(wanted,),
+            )
         )
     if old_append is not None and (wanted is None or wanted.mode == "override"):
-        problems.append("the append prompt the session was created with stays in its history")
+        problems.append(
+            ReopenLimit(
+                "the append prompt the session was created with stays in its history",
+                receives_created=True,
+            )
+        )
     if old_override is not None and (wanted is None or wanted.mode == "append"):
         problems.append(
-            "the override prompt the session was created with stays its base instructions"
+            ReopenLimit(
+                "the override prompt the session was created with stays its base instructions",
+                receives_created=True,
+            )
         )
     return problems
 
@@ -102,7 +118,9 @@ class CodexAdapter(PoolAdapter):
     close_retry_interval = CLOSE_RETRY_INTERVAL
 
     @classmethod
-    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+    def reopen_limits(
+        cls, previous: SystemPrompt | None, prompt: SystemPrompt | None
+    ) -> list[ReopenLimit]:
         return reopen_effect(previous, prompt)
 
     def private_root(self) -> Path | None:

@@ -1,5 +1,9 @@
 """``native``: the agent advertises ``systemPrompt`` itself, so the field passes through.
 
+Chosen automatically only when no other adapter recognises the agent: advertising the
+field does not prove a changed prompt applies on load/resume/fork (claude-agent-acp 0.92
+and later pin a session's first prompt and get the ``claude`` adapter instead).
+
 The bridge still validates (it must not advertise more than the agent does, and
 ``--no-override`` can narrow it) and still fills an omitted prompt from the store when the
 ``on_omitted: keep`` policy asks for it.
@@ -26,9 +30,11 @@ class NativeAdapter(Adapter):
         return native_delivery(initialize_result)
 
     async def _pass_prompt(self, call: LifecycleCall) -> Reply:
-        if call.client_sent_prompt:
+        if call.client_sent_prompt and "systemPrompt" in call.original_params:
+            # The client's value as sent, unknown keys included.
             call.params["systemPrompt"] = call.original_params["systemPrompt"]
         elif call.prompt is not None:
+            # Filled by the on_omitted policy, or sent in _meta by an older client.
             call.params["systemPrompt"] = call.prompt.to_wire()
         return await call.forward()
 

@@ -77,6 +77,22 @@ def test_auto_choice_is_native_when_the_agent_advertises_system_prompt() -> None
     assert registry.choose(v2).name == "native"
 
 
+def test_auto_choice_for_a_pinning_claude_agent_acp_is_claude_despite_native_support() -> None:
+    # 0.101.0 advertises systemPrompt itself but pins a session's first prompt; only the
+    # claude adapter's _meta form (snapshot: false) applies a changed one (spec section 7).
+    initialize = v1_result(NATIVE_OVERRIDE, name="@agentclientprotocol/claude-agent-acp")
+    initialize["agentInfo"]["version"] = "0.101.0"
+    assert AdapterRegistry().choose(initialize).name == "claude"
+
+
+def test_an_adapter_that_recognises_the_agent_beats_its_native_advertisement(
+    user_folder: Path,
+) -> None:
+    registry = AdapterRegistry([user_folder])
+    assert registry.choose(v1_result(NATIVE_OVERRIDE, name="shouty-agent")).name == "shout"
+    assert registry.choose(v1_result(NATIVE_OVERRIDE, name="other-agent")).name == "native"
+
+
 def test_auto_choice_falls_back_to_first_turn() -> None:
     registry = AdapterRegistry()
     assert registry.choose(v1_result({})).name == "first-turn"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from acp_bridge.cli import main
@@ -120,3 +121,111 @@ def test_redact_keeps_everything_but_prompt_text() -> None:
     assert redacted["params"]["systemPrompt"]["content"][0]["text"] == "<redacted> 3 chars"
     assert redacted["params"]["_meta"] == {"systemPrompt": {"append": "<redacted>"}, "other": 1}
     assert message["params"]["systemPrompt"]["content"][0]["text"] == "abc"
+
+
+def test_top_level_help_shows_the_run_options() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for option in (
+        "--agent",
+        "--config",
+        "--adapter",
+        "--state",
+        "--no-override",
+        "--on-omitted",
+        "--log-level",
+        "--trace",
+        "--trace-prompts",
+        "--version",
+    ):
+        assert option in result.output, option
+    assert "AGENT_CMD" in result.output
+    for command in ("check", "verify", "sessions", "serve"):
+        assert command in result.output
+
+
+def test_sessions_alone_lists_the_sessions(tmp_path: Path) -> None:
+    from acp_bridge.store import SessionStore
+    from acp_bridge.system_prompt import SystemPrompt
+
+    state = tmp_path / "sessions.sqlite3"
+    with SessionStore(str(state)) as store:
+        store.save("fake-agent", "sess-listed", SystemPrompt.of_text("append", "SECRET"))
+    result = CliRunner().invoke(main, ["sessions", "--state", str(state)])
+    assert result.exit_code == 0, result.output
+    assert "sess-listed" in result.output
+    assert "SECRET" not in result.output
+    assert (
+        result.output
+        == CliRunner().invoke(main, ["sessions", "--state", str(state), "list"]).output
+    )
+
+
+def test_every_shipped_preset_says_how_to_install_its_agent() -> None:
+    from acp_bridge.settings import load_config
+
+    config = load_config(None)
+    assert {"claude", "claude-legacy", "goose", "codex"} <= set(config.agents)
+    for name, preset in config.agents.items():
+        assert preset.install.strip(), f"preset {name} has no install hint"
+    assert "GOOSE_BINARY" in config.agents["goose"].install
+
+
+def missing_agent_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where no preset's agent can be found: PATH has only python."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    return {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+    }
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["verify"]], ids=["run", "check", "verify"])
+def test_a_preset_whose_agent_is_missing_says_how_to_install_it(
+    tmp_path: Path, command: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", *command, "--agent", "goose"],
+        input=b"",
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=missing_agent_env(tmp_path),
+    )
+    assert done.returncode != 0
+    error = done.stderr.decode()
+    assert "cannot start agent 'goose'" in error
+    assert "GOOSE_BINARY" in error and "npm install" in error
+    assert "Traceback" not in error
+
+
+def test_a_missing_npx_for_the_claude_preset_says_node_is_needed(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "check", "--agent", "claude"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=missing_agent_env(tmp_path),
+    )
+    assert done.returncode == 1
+    error = done.stderr.decode()
+    assert "cannot start agent 'npx'" in error and "Node.js" in error
+
+
+def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path) -> None:
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--agent", "goose"],
+        input=init,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=missing_agent_env(tmp_path),
+    )
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert answer["id"] == 1
+    assert "GOOSE_BINARY" in json.dumps(answer["error"])

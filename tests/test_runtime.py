@@ -177,3 +177,20 @@ async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
             assert "No such file" in answer["error"]["message"]
             assert answer["error"]["data"] == {"command": ["/no/such/agent", "--acp"]}
             assert await bridge.process.wait() != 0
+
+
+async def test_a_prompt_in_meta_from_an_older_client_is_validated_where_it_was_sent() -> None:
+    with trio.fail_after(5):
+        async with bridge_over_memory() as (client, agent):
+            bad = {"systemPrompt": {"mode": "append", "content": []}, "other": 1}
+            await client.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                               "params": {"cwd": "/", "mcpServers": [], "_meta": bad}})  # fmt: skip
+            refused = await client.receive()
+            assert refused["error"]["code"] == -32602
+            assert refused["error"]["data"] == {"field": "_meta.systemPrompt.content"}
+            good = {"systemPrompt": PROMPT, "other": 1}
+            await client.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                               "params": {"cwd": "/", "mcpServers": [], "_meta": good}})  # fmt: skip
+            assert (await client.receive())["result"]["sessionId"] == "sess-1"
+    (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
+    assert sent["params"]["_meta"] == {"other": 1}

@@ -1,8 +1,19 @@
-"""``acp-bridge verify``'s own logic: the default-prompt signature and the table."""
+"""``acp-bridge verify``: the default-prompt signature, the table, documented limits
+(LIMIT only when the model received what the adapter says), and a quiet stderr."""
 
 from __future__ import annotations
 
-from acp_bridge.verify import DefaultPrompt, Row, format_table, succeeded
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import run_verify
+
+from acp_bridge.verify import STDERR_TAIL, DefaultPrompt, Row, format_table, succeeded
 
 
 def test_default_prompt_share_tells_kept_from_replaced() -> None:
@@ -63,3 +74,247 @@ def test_codex_declares_its_reopen_limits_and_other_adapters_none() -> None:
         == []
     )
     assert GooseAdapter.reopen_limits(old, new) == []
+
+
+# ------------------------------------------------------------------------------------
+# verify against tests/fake_model_agent.py: a native agent that calls the model endpoint
+
+FAKE_MODEL_AGENT = Path(__file__).with_name("fake_model_agent.py")
+
+PINNED_ADAPTER = textwrap.dedent(
+    '''
+    """Native delivery for an agent that keeps a session's first prompt on reopen."""
+
+    from acp_bridge.adapter import ReopenLimit
+    from acp_bridge.adapters.native import NativeAdapter
+
+
+    class PinnedAdapter(NativeAdapter):
+        name = "pinned"
+
+        @classmethod
+        def reopen_limits(cls, previous, prompt):
+            if previous is None or (
+                prompt is not None and prompt.fingerprint() == previous.fingerprint()
+            ):
+                return []
+            if PLAIN:  # the older form: a sentence only
+                return ["this agent keeps a session's first prompt"]
+            return [
+                ReopenLimit(
+                    "this agent keeps a session's first prompt",
+                    receives=(previous,),
+                    misses=(prompt,) if prompt is not None else (),
+                )
+            ]
+    '''
+)
+
+
+def verify_args(tmp_path: Path, *agent_args: str, adapter: str | None = None) -> list[str]:
+    args = ["--endpoint", "openai-chat", "--env", "OPENAI_BASE_URL=${ENDPOINT_URL}"]
+    if adapter is not None:
+        args += ["--config", str(tmp_path / "config.yaml"), "--adapter", adapter]
+    sessions = tmp_path / "agent-sessions.json"
+    return [
+        *args,
+        "--",
+        sys.executable,
+        str(FAKE_MODEL_AGENT),
+        "--sessions",
+        str(sessions),
+        *agent_args,
+    ]
+
+
+def user_adapter(tmp_path: Path, *, plain: bool) -> None:
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    (folder / "pinned.py").write_text(f"PLAIN = {plain}\n" + PINNED_ADAPTER)
+    (tmp_path / "config.yaml").write_text(f"bridge:\n  adapter_paths: [{str(folder)!r}]\n")
+
+
+def private_tmp(tmp_path: Path) -> dict[str, str]:
+    """The environment with TMPDIR in the test's folder: verify's files end up there."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
+def agent_log_path(stderr: str) -> Path:
+    match = re.search(r"the agent's stderr (?:goes to|is in) (\S+)", stderr)
+    assert match is not None, stderr
+    return Path(match[1])
+
+
+def rows_of(table: str, step: str) -> list[str]:
+    return [line for line in table.splitlines() if line.startswith(step)]
+
+
+CHANGED = "load of a live session, changed prompt"
+DEFAULT = "load after restart, omitted (default)"
+
+
+async def test_verify_passes_every_row_for_an_agent_that_applies_every_prompt(
+    tmp_path: Path,
+) -> None:
+    report = await run_verify(*verify_args(tmp_path), env=private_tmp(tmp_path), timeout=60)
+    report.assert_passed()
+    assert "13 passed, 0 failed, 0 skipped" in report.table
+
+
+async def test_verify_fails_an_agent_that_pins_the_first_prompt(tmp_path: Path) -> None:
+    report = await run_verify(
+        *verify_args(tmp_path, "--pin"), env=private_tmp(tmp_path), timeout=60
+    )
+    assert report.returncode == 1
+    for step in (CHANGED, DEFAULT):
+        assert [row.split()[-1] for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["ReopenLimit", "plain-sentence"])
+async def test_a_declared_limit_reads_limit_when_the_model_got_what_it_says(
+    tmp_path: Path, plain: bool
+) -> None:
+    user_adapter(tmp_path, plain=plain)
+    args = verify_args(tmp_path, "--pin", adapter="pinned")
+    report = await run_verify(*args, env=private_tmp(tmp_path), timeout=60)
+    report.assert_passed()
+    for step in (CHANGED, DEFAULT):
+        rows = rows_of(report.table, step)
+        assert [row.split()[-1] for row in rows] == ["LIMIT", "LIMIT"], report.table
+        assert all("keeps a session's first prompt" in row for row in rows)
+    assert "9 passed, 0 failed, 0 skipped, 4 at a documented limit" in report.table
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["ReopenLimit", "plain-sentence"])
+async def test_a_declared_limit_fails_when_the_model_got_something_else(
+    tmp_path: Path, plain: bool
+) -> None:
+    # The agent applies every change, so "the first prompt is still there" is not what
+    # the model received: the limit rows must fail, whatever else passed.
+    user_adapter(tmp_path, plain=plain)
+    report = await run_verify(
+        *verify_args(tmp_path, adapter="pinned"), env=private_tmp(tmp_path), timeout=60
+    )
+    assert report.returncode == 1
+    for step in (CHANGED, DEFAULT):
+        assert [row.split()[-1] for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
+    assert "LIMIT" not in report.table.splitlines()[-1]
+
+
+async def test_verify_keeps_the_agent_stderr_in_a_file_and_stderr_short(tmp_path: Path) -> None:
+    report = await run_verify(
+        "--keep-home",
+        *verify_args(tmp_path, "--noise", "30"),
+        env=private_tmp(tmp_path),
+        timeout=60,
+    )
+    report.assert_passed()
+    assert report.table.splitlines()[0].split() == [
+        "step",
+        "mode",
+        "expectation",
+        "observed",
+        "result",
+    ]
+    assert "fake-model-agent DEBUG" not in report.table + report.stderr
+    assert len(report.stderr.splitlines()) <= 20, report.stderr
+    log = agent_log_path(report.stderr)
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.read_text().count("fake-model-agent DEBUG") >= 30 * 20
+
+
+async def test_a_passing_verify_leaves_no_stderr_file_behind(tmp_path: Path) -> None:
+    report = await run_verify(
+        *verify_args(tmp_path, "--noise", "3"), env=private_tmp(tmp_path), timeout=60
+    )
+    report.assert_passed()
+    assert not agent_log_path(report.stderr).exists()
+    assert not list(tmp_path.glob("acp-bridge-verify-*"))
+
+
+async def test_verify_shows_the_agent_stderr_tail_under_a_failing_row(tmp_path: Path) -> None:
+    report = await run_verify(
+        *verify_args(tmp_path, "--pin", "--noise", "30"), env=private_tmp(tmp_path), timeout=60
+    )
+    assert report.returncode == 1
+    stderr = report.stderr.splitlines()
+    failing = [i for i, line in enumerate(stderr) if f"FAIL {CHANGED} [append]" in line]
+    assert failing
+    tail = stderr[failing[0] + 1 : failing[0] + 2 + STDERR_TAIL]
+    assert "agent stderr during this step" in tail[0]
+    assert all("fake-model-agent DEBUG session/" in line for line in tail[1:])
+    # Only failing rows get a tail: far less than the 30 lines per request the agent wrote.
+    assert report.stderr.count("fake-model-agent DEBUG") == 4 * STDERR_TAIL
+    agent_log_path(report.stderr).unlink()
+
+
+async def test_verify_verbose_shows_the_tail_under_every_row(tmp_path: Path) -> None:
+    args = verify_args(tmp_path, "--noise", "1")
+    report = await run_verify("--verbose", *args, env=private_tmp(tmp_path), timeout=60)
+    report.assert_passed()
+    assert report.stderr.count("agent stderr during this step") == 13
+    agent_log_path(report.stderr).unlink()
+
+
+def test_codex_limits_say_what_the_model_then_receives() -> None:
+    from acp_bridge.adapters.codex import reopen_effect
+
+    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.verify import Expect, limited_expectation
+
+    a, b = SystemPrompt.of_text("append", "MARK-A"), SystemPrompt.of_text("append", "MARK-B")
+    o = SystemPrompt.of_text("override", "MARK-O")
+    markers = ["MARK-A", "MARK-B", "MARK-O"]
+    # append A, reloaded with append B: A stays, B is not added, codex's own prompt stays.
+    changed = Expect(present=("MARK-B",), absent=("MARK-A",), default="kept")
+    assert limited_expectation(changed, reopen_effect(a, b), b, markers, a) == Expect(
+        ("MARK-A",), ("MARK-B",), "kept"
+    )
+    # override O, reopened without a prompt: O stays the base instructions.
+    default = Expect(absent=("MARK-O",), default="kept")
+    assert limited_expectation(default, reopen_effect(o, None), None, markers, o) == Expect(
+        ("MARK-O",), (), "gone"
+    )
+    # created with override O, later reloaded with override P (which applied), then
+    # reopened without a prompt: codex brings back O, the one it stored at creation.
+    p = SystemPrompt.of_text("override", "MARK-P")
+    default = Expect(absent=("MARK-P", "MARK-O"), default="kept")
+    assert limited_expectation(
+        default, reopen_effect(p, None), None, [*markers, "MARK-P"], o
+    ) == Expect(("MARK-O",), ("MARK-P",), "gone")
+    # append A, reopened with override O: O applies and A stays in the history.
+    switched = Expect(present=("MARK-O",), absent=("MARK-A",), default="gone")
+    assert limited_expectation(switched, reopen_effect(a, o), o, markers, a) == Expect(
+        ("MARK-O", "MARK-A"), (), "gone"
+    )
+    # A limit is still the sentence it always was, for logs and older callers.
+    assert all(isinstance(limit, str) for limit in reopen_effect(a, b))
+
+
+async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
+    tmp_path: Path,
+) -> None:
+    # `acp-bridge verify -- npx -y <package>` of a shipped preset: the preset with the same
+    # command says how to point the agent at the endpoint; the adapter is chosen as usual.
+    argv = [sys.executable, str(FAKE_MODEL_AGENT), "--sessions", str(tmp_path / "s.json")]
+    (tmp_path / "config.yaml").write_text(
+        "agents:\n"
+        "  fake:\n"
+        f"    command: {json.dumps(argv[0])}\n"
+        f"    args: {json.dumps(argv[1:])}\n"
+        "    adapter: first-turn\n"
+        "    verify:\n"
+        "      endpoint: openai-chat\n"
+        "      env: {OPENAI_BASE_URL: '${ENDPOINT_URL}'}\n"
+    )
+    report = await run_verify(
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--",
+        *argv,
+        env=private_tmp(tmp_path),
+        timeout=60,
+    )
+    report.assert_passed()
+    assert "as preset 'fake' does" in report.stderr
+    assert "adapter native;" in report.stderr  # chosen automatically, not the preset's

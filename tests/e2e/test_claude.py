@@ -5,11 +5,13 @@ Three real releases, installed from npm into the shared agent cache by ``tests/a
 * ``@zed-industries/claude-agent-acp@0.23.1``: the ``claude`` adapter, no prompt pinning;
 * ``@agentclientprotocol/claude-agent-acp@0.91.0``: the newest release without native
   ``systemPrompt``; the ``claude`` adapter with ``snapshot: false``;
-* ``@agentclientprotocol/claude-agent-acp@0.101.0``: advertises ``systemPrompt`` itself,
-  so the ``native`` adapter passes it through.
+* ``@agentclientprotocol/claude-agent-acp@0.101.0``: advertises ``systemPrompt`` itself
+  but pins a session's first prompt, so the automatic choice is the ``claude`` adapter
+  (``snapshot: false``), not ``native``.
 
-Each runs behind the real command line (``python -m acp_bridge --state FILE -- node …``),
-and every assertion is on the ``system`` field the model received for a ``session/prompt``.
+Each runs behind the real command line (``python -m acp_bridge --state FILE -- node …``)
+with the adapter chosen automatically, and every assertion is on the ``system`` field the
+model received for a ``session/prompt``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ TIMEOUT = 120.0
 VERSIONS = {
     "0.23.1": (agents.CLAUDE_LEGACY, "claude"),
     "0.91.0": (agents.CLAUDE_PRE_NATIVE, "claude"),
-    "0.101.0": (agents.CLAUDE_NATIVE, "native"),
+    # Advertises systemPrompt, but only the claude adapter passes verify with it.
+    "0.101.0": (agents.CLAUDE_NATIVE, "claude"),
 }
 
 
@@ -193,9 +196,10 @@ async def test_append_and_override_reach_the_model_on_session_new(rig: ClaudeRig
 async def test_prompt_follows_the_session_through_load_resume_and_fork(
     rig: ClaudeRig, mode: str
 ) -> None:
-    # Forced for the native release too: passed through natively, its CLI pins the first
-    # prompt of a session and a changed one on reload is ignored (docs/adapters.md).
-    adapter = "claude"
+    # The automatic choice (rig.adapter), also for the release that advertises the field:
+    # passed through natively, its CLI pins the first prompt of a session and a changed one
+    # on reload is ignored (docs/adapters.md).
+    adapter = None
     first, changed, forked = (f"MARKER-{mode.upper()}-{n}" for n in ("ONE", "TWO", "FORK"))
     async with rig.bridge(adapter=adapter) as bridged:
         default = DefaultPrompt.from_text(await bridged.system(await bridged.new(None)))
@@ -277,3 +281,93 @@ async def test_verify_passes_every_row_for_the_claude_presets(preset: str, tmp_p
         assert sum(f"  {mode}  " in row for row in rows) == 6
     assert all(row.endswith("PASS") for row in rows), table
     assert "0 failed" in table
+
+
+def _claude_endpoint_env() -> list[str]:
+    """verify's --env options that point claude-agent-acp at the endpoint (the claude
+    preset's verify section, spelled out on the command line)."""
+    pairs = {
+        "ANTHROPIC_BASE_URL": "${ENDPOINT_URL}",
+        "ANTHROPIC_API_KEY": "sk-ant-acp-bridge-verify",
+        "HOME": "${VERIFY_HOME}",
+        "IS_SANDBOX": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    return [arg for name, value in pairs.items() for arg in ("--env", f"{name}={value}")]
+
+
+async def test_verify_of_the_plain_command_line_of_the_current_package_passes_every_row(
+    tmp_path: Path,
+) -> None:
+    # `acp-bridge verify -- <claude-agent-acp 0.101.0>`: no preset, no --adapter. The
+    # automatic choice must be the adapter that passes every row (spec section 7).
+    command = await trio.to_thread.run_sync(agents.claude_agent_command, *agents.CLAUDE_NATIVE)
+    env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    report = await run_verify(
+        "--endpoint",
+        "anthropic",
+        *_claude_endpoint_env(),
+        "--",
+        *command,
+        env=env,
+        timeout=600,
+    )
+    report.assert_passed()
+    assert "adapter claude;" in report.stderr
+    rows = [line for line in report.table.splitlines() if line.endswith(("PASS", "FAIL"))]
+    assert len(rows) == 13 and all(row.endswith("PASS") for row in rows), report.table
+    # Quiet: progress lines only; the agent's own output is in the file.
+    assert len(report.stderr.splitlines()) <= 20, report.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# _meta.systemPrompt: older SDK clients, and claude-agent-acp's own forms
+
+
+@pytest.fixture
+async def current_rig(tmp_path: Path) -> AsyncIterator[ClaudeRig]:
+    """claude-agent-acp 0.101.0, the package the README's examples use."""
+    command = await trio.to_thread.run_sync(agents.claude_agent_command, *agents.CLAUDE_NATIVE)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    async with open_model_endpoint() as endpoint:
+        yield ClaudeRig(command, "claude", tmp_path, endpoint)
+
+
+async def _new_with_meta(bridged: Bridged, meta: dict[str, Any]) -> str:
+    with trio.fail_after(TIMEOUT):
+        result = await bridged.client.request(
+            "session/new", {"cwd": bridged.rig.cwd, "mcpServers": [], "_meta": meta}
+        )
+    return str(result["sessionId"])
+
+
+async def test_a_prompt_sent_only_in_meta_by_an_older_sdk_client_reaches_the_model(
+    current_rig: ClaudeRig,
+) -> None:
+    # What agent-client-protocol 0.12.1 (Python SDK) sends for new_session(systemPrompt=...):
+    # the RFD object in _meta.systemPrompt, because its schema predates the field.
+    async with current_rig.bridge() as bridged:
+        default = DefaultPrompt.from_text(await bridged.system(await bridged.new(None)))
+        session = await _new_with_meta(
+            bridged, {"systemPrompt": text_prompt("append", "MARKER-FROM-META")}
+        )
+        checker("append", default)(await bridged.system(session), "MARKER-FROM-META")
+
+
+async def test_claudes_own_meta_string_form_reaches_the_model_as_sent(
+    current_rig: ClaudeRig,
+) -> None:
+    # A client that speaks claude-agent-acp's own _meta.systemPrompt (a string replaces
+    # the preset) keeps doing so through the bridge.
+    async with current_rig.bridge() as bridged:
+        default = DefaultPrompt.from_text(await bridged.system(await bridged.new(None)))
+        session = await _new_with_meta(
+            bridged, {"systemPrompt": "You are MARKER-OWN-STRING, a terse assistant."}
+        )
+        system = await bridged.system(session)
+    assert "You are MARKER-OWN-STRING, a terse assistant." in system
+    assert default.share_in(system) <= GONE_AT_MOST
