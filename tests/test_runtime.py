@@ -189,8 +189,9 @@ async def test_a_prompt_in_meta_from_an_older_client_is_validated_where_it_was_s
             assert refused["error"]["code"] == -32602
             assert refused["error"]["data"] == {"field": "_meta.systemPrompt.content"}
             good = {"systemPrompt": PROMPT, "other": 1}
+            params = {"cwd": "/", "mcpServers": [], "_meta": good}
             await client.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-                               "params": {"cwd": "/", "mcpServers": [], "_meta": good}})  # fmt: skip
+                               "params": params})  # fmt: skip
             assert (await client.receive())["result"]["sessionId"] == "sess-1"
     (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
     assert sent["params"]["_meta"] == {"other": 1}

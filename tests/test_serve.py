@@ -289,7 +289,8 @@ def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     socket_path = tmp_path / "s.sock"
     argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
-    argv += ["--listen", f"unix:{socket_path}", "--token", "s3cret", "--", sys.executable]
+    argv += ["--log-level", "info", "--listen", f"unix:{socket_path}", "--token", "s3cret"]
+    argv += ["--", sys.executable]
     with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) as process:
         assert process.stderr is not None
         seen = []

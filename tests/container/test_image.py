@@ -106,7 +106,7 @@ def start_sidecar(name: str, volume: str, shared: Path, port: int) -> Sidecar:
         "-v", f"{volume}:{STATE}",
         "-v", f"{FAKE_AGENT}:/opt/fake/fake_agent.py:ro",
         "-v", f"{shared}:/shared",
-        IMAGE, "serve", "--listen", "tcp://0.0.0.0:7000", "--", *agent,
+        IMAGE, "serve", "--log-level", "info", "--listen", "tcp://0.0.0.0:7000", "--", *agent,
     )  # fmt: skip
     sidecar = Sidecar(name, port, shared)
     deadline = time.monotonic() + 30
