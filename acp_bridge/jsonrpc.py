@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -116,9 +119,23 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        # 1e400 is valid JSON but becomes inf, which no JSON encoder can write back: a frame
+        # the bridge had to change would reach the peer as invalid JSON.
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
 # NaN and Infinity are Python extensions, not JSON. One decoder for every line:
 # json.loads with an option builds a new one per call, a cost on every frame relayed.
-_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def decode(text: str) -> Any:
+    """JSON text to a value, as :func:`parse` reads it; raises ValueError or RecursionError."""
+    return _DECODER.decode(text)
 
 
 def parse(raw: bytes) -> Frame:
@@ -138,8 +155,43 @@ def parse(raw: bytes) -> Frame:
 
 
 def encode(message: Any) -> bytes:
-    """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+    """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside.
+
+    Valid JSON may carry a lone surrogate escape (``"\\ud800"``), which has no UTF-8 form;
+    such a message is written with every non-ASCII character escaped, as JSON allows.
+    """
+    try:
+        text = _dumps(message, ensure_ascii=False)
+    except RecursionError:
+        text = _dumps_deep(message)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _dumps(message, ensure_ascii=True).encode()
+
+
+def _dumps(message: Any, *, ensure_ascii: bool) -> str:
+    # allow_nan=False: never write NaN/Infinity, which are not JSON (parse refuses them).
+    return json.dumps(message, ensure_ascii=ensure_ascii, allow_nan=False, separators=(",", ":"))
+
+
+_RECURSION_LOCK: Final = threading.Lock()
+
+
+def _dumps_deep(message: Any) -> str:
+    """Serialise a message nested nearly as deep as :func:`parse` allows.
+
+    The parser may have run on a shallower stack than the caller of :func:`encode`, so a
+    message it accepted can exceed the recursion limit here. Its depth is bounded by that
+    limit, so twice the limit always suffices (and stays far from the C stack's size).
+    """
+    with _RECURSION_LOCK:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(2 * limit)
+        try:
+            return _dumps(message, ensure_ascii=True)
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def error_object(code: int, message: str, data: Any = None) -> JsonObject:
