@@ -187,6 +187,16 @@ class Adapter:
         """
         return []
 
+    def redact(self, direction: str, message: JsonObject) -> JsonObject:
+        """``message`` as ``--trace`` may show it: a copy without the prompt text in this
+        adapter's own wire forms (``acp_bridge.trace.redact_at`` helps). Never edit in place.
+
+        ``direction`` is the trace's (``"bridge->agent"``, ``"agent->client"``, …). The
+        client's own forms (``systemPrompt``, ``_meta.systemPrompt``) are already redacted
+        by the tracer before this is called, whatever the adapter does.
+        """
+        return message
+
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
         """Change what the agent advertises beyond systemPrompt (e.g. a method it really has)."""
         return initialize_result
