@@ -1,37 +1,91 @@
-"""Supervision of one agent process: spawn in its own process group, orderly shutdown.
+"""Supervision of one agent process: spawn in its own process group, quick orderly shutdown,
+and nothing left behind even when the bridge itself is killed.
 
 The agent gets the bridge's full environment plus configured extras (editors pass API
 keys through the environment, so nothing is trimmed). Its stderr is the bridge's stderr.
-Shutdown closes stdin, waits a grace period, then signals the whole process group
-(SIGTERM, then SIGKILL), so wrappers such as ``npx`` cannot leave their child behind.
+
+Shutdown closes stdin and gives the agent a moment (:data:`EOF_WAIT`) to exit by itself,
+then signals the whole process group (SIGTERM, then SIGKILL after the grace), so wrappers
+such as ``npx`` cannot leave their child behind. Should the bridge die without shutting
+down (an editor SIGKILLs it), a watchdog process per group (``agent_watchdog.py``) ends
+the group and removes the agent's private files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import trio
+
+from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 
 log = logging.getLogger("acp_bridge.agent")
 
 # How often to look whether a signalled process group has emptied.
 _GROUP_POLL: Final = 0.02
+# How long an agent gets to exit by itself after stdin EOF before it is sent SIGTERM. The
+# agents that do exit on EOF take 0.1-0.4 s; clients (the ACP SDKs) SIGKILL a proxy that
+# takes 2 s to go, so the whole shutdown must fit in well under a second.
+EOF_WAIT: Final = 0.4
+# How long the watchdog lets a group of an already dead bridge handle SIGTERM.
+WATCHDOG_GRACE: Final = 0.5
+_WATCHDOG: Final = Path(__file__).with_name("agent_watchdog.py")
+_RELEASE: Final = b"."
 
 
 class AgentStartError(Exception):
-    """The agent command could not be started."""
+    """The agent command could not be started: ``command`` (argv[0]) and ``cause`` in words."""
+
+    def __init__(self, command: str, cause: str) -> None:
+        super().__init__(f"The agent command {command!r} could not be started: {cause}.")
+        self.command = command
+        self.cause = cause
+
+    def error_object(self) -> JsonObject:
+        """The JSON-RPC error a client gets for its ``initialize`` when the agent cannot start."""
+        return {
+            "code": INTERNAL_ERROR,
+            "message": str(self),
+            "data": {"command": self.command, "cause": self.cause},
+        }
+
+
+def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -> str:
+    if isinstance(exc, FileNotFoundError):
+        missing = exc.filename
+        if cwd is not None and missing == cwd:
+            return f"its working directory {cwd} does not exist"
+        return "no such file or command (is it installed and on PATH?)"
+    if isinstance(exc, PermissionError):
+        return "permission denied (is the file executable?)"
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.ENOEXEC:
+            return f"{reason} (not a program, and no #! line)"
+        return reason
+    return str(exc) or type(exc).__name__
 
 
 class AgentProcess:
     """A running agent. Use :meth:`start`, read ``stdout``, write ``stdin``, then :meth:`stop`."""
 
-    def __init__(self, process: trio.Process, argv: Sequence[str]) -> None:
+    def __init__(
+        self,
+        process: trio.Process,
+        argv: Sequence[str],
+        *,
+        watchdog: trio.Process | None = None,
+        watchdog_pipe: int | None = None,
+    ) -> None:
         self.process = process
         self.argv = list(argv)
         assert process.stdin is not None and process.stdout is not None
@@ -40,6 +94,8 @@ class AgentProcess:
         self.pgid = process.pid  # start_new_session makes the child its group leader
         self._stdin_closed = False
         self.terminated_by_bridge = False
+        self._watchdog = watchdog
+        self._watchdog_pipe = watchdog_pipe
 
     @classmethod
     async def start(
@@ -48,7 +104,16 @@ class AgentProcess:
         *,
         extra_env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        private_files: Sequence[str] = (),
     ) -> AgentProcess:
+        """Start ``argv`` in a new process group, watched until :meth:`stop`.
+
+        ``private_files`` (paths, e.g. a prompt file the agent reads) are removed by the
+        watchdog should the bridge die before it could clean up itself.
+        Raises :class:`AgentStartError` if the command cannot be started.
+        """
+        if not argv:
+            raise AgentStartError("", "the command is empty")
         env = {**os.environ, **(extra_env or {})}
         try:
             process = await trio.lowlevel.open_process(
@@ -60,10 +125,20 @@ class AgentProcess:
                 cwd=cwd,
                 start_new_session=True,
             )
-        except OSError as exc:
-            raise AgentStartError(f"cannot start agent {argv[0]!r}: {exc.strerror or exc}") from exc
-        log.debug("started agent pid %d: %s", process.pid, " ".join(argv))
-        return cls(process, argv)
+        except (OSError, ValueError) as exc:
+            # ValueError: an argument or variable with a NUL byte, say.
+            cause = _describe_start_failure(exc, argv[0], cwd)
+            raise AgentStartError(argv[0], cause) from exc
+        log.debug("started agent pid %d: %s", process.pid, argv[0])
+        try:
+            watchdog, pipe = await _start_watchdog(process.pid, private_files)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            raise
+        return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
 
     @property
     def pid(self) -> int:
@@ -94,7 +169,14 @@ class AgentProcess:
         return True
 
     def group_alive(self) -> bool:
-        return self.signal_group(0)
+        """Whether any process of the agent's group still runs (zombies do not count)."""
+        if not self.signal_group(0):
+            return False
+        if self.process.returncode is None:
+            return True
+        # The leader is gone and reaped: what answers may be orphans that exited but wait
+        # for init to reap them, which some inits do only every second or so.
+        return _group_has_running_member(self.pgid)
 
     async def _wait_group(self, timeout: float) -> bool:
         """Wait until the agent and everything in its group has gone; True if it did."""
@@ -104,14 +186,15 @@ class AgentProcess:
                 await trio.sleep(_GROUP_POLL)
         return not scope.cancelled_caught
 
-    async def stop(self, grace: float) -> int:
-        """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Returns the status.
+    async def stop(self, grace: float, *, eof_wait: float = EOF_WAIT) -> int:
+        """Close stdin, wait ``eof_wait``, SIGTERM the group, wait ``grace``, SIGKILL the
+        group. Returns the agent's status.
 
         Shielded: shutdown must finish even when the caller is being cancelled.
         """
         with trio.CancelScope(shield=True):
             await self.close_stdin()
-            if not await self._wait_group(grace):
+            if not await self._wait_group(min(eof_wait, grace)):
                 log.debug("agent pid %d still running after EOF; sending SIGTERM", self.pid)
                 self.terminated_by_bridge = self.process.returncode is None
                 self.signal_group(signal.SIGTERM)
@@ -122,4 +205,67 @@ class AgentProcess:
                     # Give the kernel a moment to reap the rest of the group.
                     await self._wait_group(grace)
             status = await self.process.wait()
+            await self._release_watchdog()
         return status
+
+    async def _release_watchdog(self) -> None:
+        """The group is gone: tell the watchdog so, and reap it."""
+        pipe, self._watchdog_pipe = self._watchdog_pipe, None
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(pipe, _RELEASE)
+            os.close(pipe)
+        if self._watchdog is not None:
+            with trio.move_on_after(1):
+                await self._watchdog.wait()
+            if self._watchdog.returncode is None:
+                self._watchdog.kill()
+                await self._watchdog.wait()
+
+    def __del__(self) -> None:
+        # An AgentProcess dropped without stop(): closing the pipe makes the watchdog end
+        # the group, as if the bridge had died.
+        pipe = getattr(self, "_watchdog_pipe", None)
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(pipe)
+
+
+def _group_has_running_member(pgid: int) -> bool:
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+async def _start_watchdog(pgid: int, private_files: Sequence[str]) -> tuple[trio.Process, int]:
+    read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
+    try:
+        argv: list[Any] = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pgid)]
+        argv += [str(WATCHDOG_GRACE), *(os.fspath(p) for p in private_files)]
+        watchdog = await trio.lowlevel.open_process(
+            argv,
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=None,
+            # Its own session: a signal to the bridge's process group must not take it along.
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return watchdog, write_end
