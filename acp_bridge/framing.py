@@ -37,14 +37,19 @@ class OverlongLine:
 
 
 class LineSplitter:
-    """Split a byte stream into lines of at most ``limit`` bytes."""
+    """Split a byte stream into lines of at most ``limit`` bytes.
+
+    Memory: a line that arrives in one read is sliced out of it (one copy); a line spread
+    over reads is gathered in one growing buffer, so it costs its own size however small
+    the reads (a slow writer's line arrives a few bytes at a time), plus one copy when it
+    is complete: at most about twice its size.
+    """
 
     def __init__(self, limit: int = DEFAULT_LINE_LIMIT) -> None:
         if limit < 1:
             raise ValueError("line limit must be positive")
         self.limit = limit
-        self._chunks: list[bytes | bytearray] = []
-        self._buffered = 0
+        self._buffer = bytearray()
         self._discarding = False  # inside an over-long line, waiting for its end
         self._discarded = 0
 
@@ -55,37 +60,47 @@ class LineSplitter:
         while True:
             newline = data.find(b"\n", start)
             if newline < 0:
-                self._keep(data[start:])
+                self._keep(data, start, len(data))
                 return out
-            self._keep(data[start:newline])
-            out.append(self._finish())
+            if not self._buffer and not self._discarding:
+                out.append(self._whole(data, start, newline))
+            else:
+                self._keep(data, start, newline)
+                out.append(self._finish())
             start = newline + 1
 
     def close(self) -> list[Line | OverlongLine]:
         """End of stream: a final line without a terminator still counts."""
-        if self._discarding or self._buffered:
+        if self._discarding or self._buffer:
             return [self._finish()]
         return []
 
     @property
     def buffered(self) -> int:
-        return self._buffered
+        return len(self._buffer)
 
-    def _keep(self, piece: bytes | bytearray) -> None:
-        if not piece:
+    def _whole(self, data: bytes | bytearray, start: int, end: int) -> Line | OverlongLine:
+        """A line that began and ended inside one read."""
+        if end > start and data[end - 1] == 0x0D:  # "\r"
+            end -= 1
+        if end - start > self.limit:
+            return OverlongLine(end - start + (1 if data[end] == 0x0D else 0))
+        return Line(bytes(data[start:end]))
+
+    def _keep(self, data: bytes | bytearray, start: int, end: int) -> None:
+        size = end - start
+        if not size:
             return
         if self._discarding:
-            self._discarded += len(piece)
+            self._discarded += size
             return
         # One spare byte: a line of exactly ``limit`` bytes may still end in ``\r\n``.
-        if self._buffered + len(piece) > self.limit + 1:
+        if len(self._buffer) + size > self.limit + 1:
             self._discarding = True
-            self._discarded = self._buffered + len(piece)
-            self._chunks.clear()
-            self._buffered = 0
+            self._discarded = len(self._buffer) + size
+            self._buffer = bytearray()  # gives the memory back, unlike clear()
             return
-        self._chunks.append(piece)
-        self._buffered += len(piece)
+        self._buffer += memoryview(data)[start:end]
 
     def _finish(self) -> Line | OverlongLine:
         if self._discarding:
@@ -93,14 +108,12 @@ class LineSplitter:
             self._discarding = False
             self._discarded = 0
             return OverlongLine(size)
-        data = b"".join(self._chunks)
-        self._chunks.clear()
-        self._buffered = 0
-        if data.endswith(b"\r"):
-            data = data[:-1]
-        elif len(data) > self.limit:
-            return OverlongLine(len(data))
-        return Line(data)
+        buffer, self._buffer = self._buffer, bytearray()
+        if buffer.endswith(b"\r"):
+            del buffer[-1]  # in place: no copy of the whole line
+        elif len(buffer) > self.limit:
+            return OverlongLine(len(buffer))
+        return Line(bytes(buffer))
 
 
 def join_lines(frames: Iterable[bytes]) -> Iterator[bytes]:
