@@ -57,7 +57,10 @@ class SystemPrompt(BaseModel):
         return digest.hexdigest()[:32]
 
     def to_wire(self) -> JsonObject:
-        wire: JsonObject = self.model_dump(mode="json")
+        # Python mode: JSON mode would encode strings as UTF-8 and fail on a lone surrogate
+        # (valid JSON) in _meta or annotations; jsonrpc.encode writes those.
+        wire: JsonObject = self.model_dump(mode="python")
+        wire["content"] = list(wire["content"])
         return wire
 
     @classmethod

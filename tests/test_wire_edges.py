@@ -172,3 +172,16 @@ def test_trace_records_a_line_nested_too_deep_to_parse(tmp_path: Path) -> None:
     tracer.close()
     (entry,) = [json.loads(line) for line in path.read_bytes().splitlines()]
     assert entry["raw"] == "[" * 50_000
+
+
+def test_prompt_with_a_lone_surrogate_outside_its_text_is_kept_and_can_be_written() -> None:
+    value = {
+        "mode": "append",
+        "content": [{"type": "text", "text": "a", "annotations": {"k": LONE}}],
+        "_meta": {LONE: 1},
+    }
+    prompt = parse_system_prompt(value, override_allowed=False)
+    assert prompt is not None
+    wire = prompt.to_wire()
+    assert wire == value
+    assert json.loads(jsonrpc.encode(wire)) == value
