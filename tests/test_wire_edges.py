@@ -185,3 +185,21 @@ def test_prompt_with_a_lone_surrogate_outside_its_text_is_kept_and_can_be_writte
     wire = prompt.to_wire()
     assert wire == value
     assert json.loads(jsonrpc.encode(wire)) == value
+
+
+async def test_agent_reusing_its_own_request_id_with_a_lone_surrogate(
+    open_bridge: OpenBridge,
+) -> None:
+    # The second agent request reuses an id still in flight, so the bridge renames it and
+    # re-serialises the frame.
+    ask = {"id": "dup", "method": "_client/ask", "params": {"t": LONE}}
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.request(1, "_test/ask_client", ask)
+            await bridge.request(2, "_test/ask_client", ask)
+            asked = await bridge.receive_until(lambda m: m.get("method") == "_client/ask")
+            asked += await bridge.receive_until(lambda m: m.get("method") == "_client/ask")
+            requests = [m for m in asked if m.get("method") == "_client/ask"]
+            assert [m["params"] for m in requests] == [{"t": LONE}, {"t": LONE}]
+            assert requests[0]["id"] == "dup" and requests[1]["id"] != "dup"
+            await still_serving(bridge)
