@@ -45,6 +45,16 @@ def watchdogs_of(pgid: int) -> list[int]:
     return found
 
 
+async def watchdogs_running(pgid: int) -> list[int]:
+    """The group's watchdogs, once started (a forked child shows its parent's command line
+    until it has exec'd)."""
+    with trio.move_on_after(5):
+        while not (found := watchdogs_of(pgid)):
+            await trio.sleep(0.02)
+        return found
+    return []
+
+
 async def survivors_after(pids: list[int], seconds: float) -> list[int]:
     deadline = trio.current_time() + seconds
     while trio.current_time() < deadline:
@@ -67,7 +77,7 @@ async def test_sigkilled_bridge_leaves_no_agent_grandchild_or_watchdog(
             pids = bridge.pids()
             assert len(pids) == 2
             agent = pids[0]
-            assert watchdogs_of(agent), "no watchdog runs for the agent's group"
+            assert await watchdogs_running(agent), "no watchdog runs for the agent's group"
             bridge.process.kill()
             await bridge.wait()
             assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
@@ -114,7 +124,7 @@ async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Pat
 async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
     with trio.fail_after(30):
         agent = await AgentProcess.start([sys.executable, "-c", "import time; time.sleep(60)"])
-        assert watchdogs_of(agent.pgid)
+        assert await watchdogs_running(agent.pgid)
         await agent.stop(1.0)
         assert watchdogs_of(agent.pgid) == []
         # A stopped agent's private files are the adapter's business, not the watchdog's.
