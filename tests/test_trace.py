@@ -157,6 +157,7 @@ async def test_first_turn_adapter_names_the_block_it_prepended(tmp_path: Path) -
 
     class Call:
         prompt = SystemPrompt.of_text("append", SECRET)
+        session_id = "s"
         delivered = None
 
         def __init__(self) -> None:
