@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import trio
 
+from acp_bridge.agent_watchdog import Processes, any_running, outside_group, signal_processes
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 
 log = logging.getLogger("acp_bridge.agent")
@@ -96,6 +97,8 @@ class AgentProcess:
         self.terminated_by_bridge = False
         self._watchdog = watchdog
         self._watchdog_pipe = watchdog_pipe
+        # Descendants that left the agent's group (setsid), seen while the tree stood.
+        self._escaped: Processes = {}
 
     @classmethod
     async def start(
@@ -159,7 +162,13 @@ class AgentProcess:
                 await self.stdin.aclose()
 
     def signal_group(self, signum: int) -> bool:
-        """Signal every process in the agent's group; False when the group is empty."""
+        """Signal every process in the agent's group; False when the group is empty.
+
+        Descendants found outside the group (:meth:`_note_escaped`) get the signal too,
+        except for the existence probe (signal 0).
+        """
+        if signum:
+            signal_processes(self._escaped, signum)
         try:
             os.killpg(self.pgid, signum)
         except ProcessLookupError:
@@ -167,6 +176,12 @@ class AgentProcess:
         except PermissionError:
             return False
         return True
+
+    def _note_escaped(self) -> None:
+        """Remember the agent's descendants that left its group, while the agent still
+        stands to lead to them (once it exits they belong to init)."""
+        if self.process.returncode is None:
+            self._escaped.update(outside_group(self.pid, self.pgid))
 
     def group_alive(self) -> bool:
         """Whether any process of the agent's group still runs (zombies do not count)."""
@@ -182,7 +197,7 @@ class AgentProcess:
         """Wait until the agent and everything in its group has gone; True if it did."""
         with trio.move_on_after(timeout) as scope:
             await self.process.wait()
-            while self.group_alive():
+            while self.group_alive() or any_running(self._escaped):
                 await trio.sleep(_GROUP_POLL)
         return not scope.cancelled_caught
 
@@ -193,13 +208,16 @@ class AgentProcess:
         Shielded: shutdown must finish even when the caller is being cancelled.
         """
         with trio.CancelScope(shield=True):
+            self._note_escaped()
             await self.close_stdin()
             if not await self._wait_group(min(eof_wait, grace)):
                 log.debug("agent pid %d still running after EOF; sending SIGTERM", self.pid)
                 self.terminated_by_bridge = self.process.returncode is None
+                self._note_escaped()
                 self.signal_group(signal.SIGTERM)
                 if not await self._wait_group(grace):
                     log.warning("agent pid %d ignored SIGTERM; sending SIGKILL", self.pid)
+                    self._note_escaped()
                     self.signal_group(signal.SIGKILL)
                     await self.process.wait()
                     # Give the kernel a moment to reap the rest of the group.

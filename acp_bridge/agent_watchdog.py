@@ -11,6 +11,11 @@ blocks reading a pipe whose only write end the bridge holds:
   killed it). SIGTERM the group, SIGKILL what is left after a short grace, remove the
   private files the bridge named, exit.
 
+Descendants that left the group (a child that called ``setsid``, as codex-acp's shell
+snapshot does) are found by walking the process tree down from the group's leader while
+it still stands, and are signalled with the group. This module is also where the bridge
+itself finds them (:func:`outside_group`), so both use one definition.
+
 ``PR_SET_PDEATHSIG`` alone is not enough: it covers only the direct child, not the
 grandchildren behind ``npx`` or a shell, and it fires when the *thread* that forked the
 child exits, which under trio is a worker thread that retires after 10 s of idleness.
@@ -29,6 +34,66 @@ import time
 
 POLL = 0.02
 
+# pid -> start time, so that a pid the kernel gave to another process is never signalled.
+Processes = dict[int, bytes]
+
+
+def _table() -> dict[int, tuple[int, int, bytes, bytes]]:
+    """pid -> (ppid, pgrp, state, start time) of every process, from /proc (empty without)."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), int(fields[2]), fields[0], fields[19])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def outside_group(root: int, pgid: int) -> Processes:
+    """The running descendants of ``root`` that are not in process group ``pgid``."""
+    table = _table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = {}
+    pending = list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        _, pgrp, state, started = table[pid]
+        if pgrp != pgid and state != b"Z":
+            found[pid] = started
+        pending.extend(children.get(pid, []))
+    return found
+
+
+def _same(pid: int, started: bytes) -> bool:
+    """Whether ``pid`` still is the process that started at ``started``, and runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[19] == started and fields[0] != b"Z"
+
+
+def signal_processes(processes: Processes, signum: int) -> None:
+    for pid, started in processes.items():
+        if _same(pid, started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+def any_running(processes: Processes) -> bool:
+    return any(_same(pid, started) for pid, started in processes.items())
+
 
 def group_alive(pgid: int) -> bool:
     try:
@@ -41,13 +106,16 @@ def group_alive(pgid: int) -> bool:
 
 
 def end_group(pgid: int, grace: float) -> None:
+    escaped = outside_group(pgid, pgid)  # the leader's pid is the group's id
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
+    signal_processes(escaped, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while group_alive(pgid) and time.monotonic() < deadline:
+    while (group_alive(pgid) or any_running(escaped)) and time.monotonic() < deadline:
         time.sleep(POLL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+    signal_processes(escaped, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:

@@ -84,6 +84,35 @@ async def test_sigkilled_bridge_leaves_no_agent_grandchild_or_watchdog(
             assert await survivors_after(watchdogs_of(agent), 1.0) == []
 
 
+async def test_sigkilled_bridge_leaves_no_grandchild_that_started_its_own_session(
+    open_bridge: OpenBridge,
+) -> None:
+    # codex-acp starts its shell snapshot this way: out of the agent's process group.
+    args = ("--ignore-eof", "--ignore-term", "--grandchild-own-session")
+    with trio.fail_after(30):
+        async with open_bridge(*args, grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            assert len(pids) == 2
+            await watchdogs_running(pids[0])
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
+
+
+async def test_shutdown_leaves_no_grandchild_that_started_its_own_session(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge("--grandchild-own-session", grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            await bridge.close_stdin()
+            await bridge.read_to_eof()
+            await bridge.wait()
+            assert [pid for pid in pids if pid_alive(pid)] == []
+
+
 HOLDER = """
 import sys, time, trio
 from acp_bridge.agent_process import AgentProcess
