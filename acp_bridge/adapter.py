@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
+from acp_bridge.core.router import describe_exit
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -44,14 +45,6 @@ class AgentExited(Exception):
         self.status = status
 
 
-def describe_exit(status: int | None) -> str:
-    if status is None:
-        return "The agent exited."
-    if status < 0:
-        return f"The agent was killed by signal {-status}."
-    return f"The agent exited with status {status}."
-
-
 class AgentLink(Protocol):
     """One running agent process, as adapters see it."""
 
@@ -71,9 +64,9 @@ class AgentLink(Protocol):
     async def notify(self, method: str, params: JsonObject) -> None: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class Reply:
-    """The answer the client gets for an intercepted request.
+    """The answer the client gets for an intercepted request (immutable).
 
     ``frame_bytes`` is set while the reply is exactly what the agent sent, so the relay
     can forward those bytes; :meth:`with_result` and :meth:`failure` make changed replies.
@@ -123,7 +116,11 @@ class LifecycleCall(Protocol):
     link: AgentLink
 
     async def forward(self, link: AgentLink | None = None) -> Reply:
-        """Send the (possibly edited) request to the agent and wait for its response."""
+        """Send the (possibly edited) request to the agent and wait for its response.
+
+        ``link`` must be one the bridge made (``context.primary``, ``call.link`` or a
+        process from ``context.spawn_agent``); any other object raises ``TypeError``.
+        """
 
     def mark_delivered(self, fingerprint: str | None) -> None:
         """Record which prompt is now part of the conversation (first-turn delivery)."""
@@ -141,6 +138,9 @@ class AdapterContext(Protocol):
     def live_sessions(self) -> set[str]:
         """Sessions opened through this bridge and not closed since, in this agent process."""
 
+    def agent_environment(self) -> Mapping[str, str]:
+        """The environment agent processes start with: the bridge's plus the configured one."""
+
     async def spawn_agent(
         self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
     ) -> AgentLink:
@@ -156,6 +156,19 @@ class AdapterContext(Protocol):
         """The configured options of an adapter (``bridge.adapter_options.<name>``)."""
 
 
+HOOK_NAMES: Final = frozenset(
+    {
+        "session_new",
+        "session_load",
+        "session_resume",
+        "session_fork",
+        "session_close",
+        "session_delete",
+        "session_prompt",
+    }
+)
+
+
 class Adapter:
     """Base adapter: forwards everything unchanged. Subclasses override what they need."""
 
@@ -163,6 +176,16 @@ class Adapter:
     description: ClassVar[str] = ""
     intercepts_prompt: ClassVar[bool] = False
     """Whether ``session_prompt`` is called; otherwise prompts pass by untouched."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Misspelt hooks are caught when the adapter is defined, not silently skipped."""
+        super().__init_subclass__(**kwargs)
+        for attribute in vars(cls):
+            if attribute.startswith("session_") and attribute not in HOOK_NAMES:
+                raise TypeError(
+                    f"{cls.__name__}.{attribute} is not an adapter hook; the hooks are "
+                    + ", ".join(sorted(HOOK_NAMES))
+                )
 
     def __init__(self, context: AdapterContext) -> None:
         self.context = context
@@ -196,6 +219,15 @@ class Adapter:
         by the tracer before this is called, whatever the adapter does.
         """
         return message
+
+    @classmethod
+    def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:
+        """Methods this agent version advertises but that fail upstream: method -> reason.
+
+        The bridge still passes them on and the agent's answer back (nothing is hidden);
+        ``verify`` shows their steps as SKIP with the reason instead of as a failure.
+        """
+        return {}
 
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
         """Change what the agent advertises beyond systemPrompt (e.g. a method it really has)."""

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -65,9 +65,9 @@ def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -
         missing = exc.filename
         if cwd is not None and missing == cwd:
             return f"its working directory {cwd} does not exist"
-        return "no such file or command (is it installed and on PATH?)"
+        return f"{exc.strerror or 'No such file or directory'} (is it installed and on PATH?)"
     if isinstance(exc, PermissionError):
-        return "permission denied (is the file executable?)"
+        return f"{exc.strerror or 'Permission denied'} (is it an executable file?)"
     if isinstance(exc, OSError):
         reason = exc.strerror or str(exc)
         if exc.errno == errno.ENOEXEC:
@@ -84,7 +84,7 @@ class AgentProcess:
         process: trio.Process,
         argv: Sequence[str],
         *,
-        watchdog: trio.Process | None = None,
+        watchdog: subprocess.Popen[bytes] | None = None,
         watchdog_pipe: int | None = None,
     ) -> None:
         self.process = process
@@ -133,8 +133,9 @@ class AgentProcess:
             cause = _describe_start_failure(exc, argv[0], cwd)
             raise AgentStartError(argv[0], cause) from exc
         log.debug("started agent pid %d: %s", process.pid, argv[0])
+        _reap_released()
         try:
-            watchdog, pipe = await _start_watchdog(process.pid, private_files)
+            watchdog, pipe = _start_watchdog(process.pid, private_files)
         except BaseException:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -227,18 +228,17 @@ class AgentProcess:
         return status
 
     async def _release_watchdog(self) -> None:
-        """The group is gone: tell the watchdog so, and reap it."""
+        """The group is gone: tell the watchdog so. It exits at once; it is reaped later
+        (:func:`_reap_released`), so that stopping an agent does not wait for it."""
         pipe, self._watchdog_pipe = self._watchdog_pipe, None
         if pipe is not None:
             with contextlib.suppress(OSError):
                 os.write(pipe, _RELEASE)
             os.close(pipe)
         if self._watchdog is not None:
-            with trio.move_on_after(1):
-                await self._watchdog.wait()
-            if self._watchdog.returncode is None:
-                self._watchdog.kill()
-                await self._watchdog.wait()
+            _released.append(self._watchdog)
+            self._watchdog = None
+        _reap_released()
 
     def __del__(self) -> None:
         # An AgentProcess dropped without stop(): closing the pipe makes the watchdog end
@@ -247,6 +247,15 @@ class AgentProcess:
         if pipe is not None:
             with contextlib.suppress(OSError):
                 os.close(pipe)
+
+
+# Watchdogs told to exit and not reaped yet: each start or stop reaps those that have
+# exited, so a long-running server does not collect zombies.
+_released: list[subprocess.Popen[bytes]] = []
+
+
+def _reap_released() -> None:
+    _released[:] = [watchdog for watchdog in _released if watchdog.poll() is None]
 
 
 def _group_has_running_member(pgid: int) -> bool:
@@ -268,16 +277,18 @@ def _group_has_running_member(pgid: int) -> bool:
     return False
 
 
-async def _start_watchdog(pgid: int, private_files: Sequence[str]) -> tuple[trio.Process, int]:
+def _start_watchdog(pgid: int, private_files: Sequence[str]) -> tuple[subprocess.Popen[bytes], int]:
+    # A plain Popen, not a trio.Process: it is reaped by poll() from whichever trio run
+    # (or none) comes next, and a trio.Process must not be touched outside its own run.
+    # Spawning it takes about a millisecond (vfork), so the event loop is not held up.
     read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
     try:
-        argv: list[Any] = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pgid)]
-        argv += [str(WATCHDOG_GRACE), *(os.fspath(p) for p in private_files)]
-        watchdog = await trio.lowlevel.open_process(
+        argv = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pgid), str(WATCHDOG_GRACE)]
+        argv += [os.fspath(p) for p in private_files]
+        watchdog = subprocess.Popen(
             argv,
             stdin=read_end,
             stdout=subprocess.DEVNULL,
-            stderr=None,
             # Its own session: a signal to the bridge's process group must not take it along.
             start_new_session=True,
         )

@@ -1,4 +1,4 @@
-"""The ``acp-bridge`` command line: run (the default), check, verify, sessions, serve.
+"""The ``acp-bridge`` command line: run (the default), check, verify, sessions, serve, connect.
 
 ``acp-bridge [OPTIONS] -- AGENT_CMD...`` and ``acp-bridge --agent NAME`` run the bridge on
 stdio. Only ACP frames are written to stdout: the real stdout is claimed at start and
@@ -310,27 +310,93 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
 @click.option(
     "--token",
     envvar="ACP_BRIDGE_TOKEN",
-    help="Required of clients in initialize _meta['acp-bridge'].token (env ACP_BRIDGE_TOKEN).",
+    help="Required of clients in initialize _meta['acp-bridge'].token. Prefer the "
+    "ACP_BRIDGE_TOKEN variable or --token-file: argv is visible to every local user.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Read the token from this file (e.g. a mounted secret).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Connections (each with its own agent process) open at once.",
 )
 @click.argument("agent_cmd", nargs=-1, type=click.UNPROCESSED)
-def serve(agent_cmd: tuple[str, ...], listen: str, token: str | None, **common: Any) -> None:
+def serve(
+    agent_cmd: tuple[str, ...],
+    listen: str,
+    token: str | None,
+    token_file: Path | None,
+    max_connections: int,
+    **common: Any,
+) -> None:
     """Sidecar: accept ACP connections on a socket, one agent process per connection."""
-    from acp_bridge.serve import ListenAddress, ListenError, Server
+    from click.core import ParameterSource
+
+    from acp_bridge.connect import TokenError, read_token_file
+    from acp_bridge.serve import ListenAddress, ListenError, ServeLimits, Server
     from acp_bridge.serve import serve as serve_forever
 
     try:
         address = ListenAddress.parse(listen)
     except ListenError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from exc
+    token_from_argv = (
+        click.get_current_context().get_parameter_source("token") is ParameterSource.COMMANDLINE
+    )
+    if token_file is not None:
+        try:
+            token = read_token_file(token_file)
+        except TokenError as exc:
+            raise click.BadParameter(str(exc), param_hint="--token-file") from exc
     if not address.loopback and not token:
         raise click.UsageError(
-            f"{address} is not a loopback address: set --token (or ACP_BRIDGE_TOKEN)"
+            f"{address} is not a loopback address: set ACP_BRIDGE_TOKEN (or --token-file)"
         )
     runtime = resolve_runtime(agent_cmd, **common)
+    if token_from_argv and token_file is None:
+        log.warning(
+            "--token is visible to every local user in the process list; "
+            "set ACP_BRIDGE_TOKEN or use --token-file instead"
+        )
     store = open_store(runtime.state)
+    server = Server(
+        runtime.options,
+        store,
+        runtime.registry,
+        token or None,
+        ServeLimits(max_connections=max_connections),
+    )
     try:
-        trio.run(serve_forever, Server(runtime.options, store, runtime.registry, token), address)
+        trio.run(serve_forever, server, address)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {address}: {exc}") from exc
     finally:
         store.close()
+
+
+@main.command()
+@click.argument("address")
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Read the token from this file instead of ACP_BRIDGE_TOKEN.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    help="stderr log level.",
+)
+def connect(address: str, token_file: Path | None, log_level: str) -> None:
+    """Reach an `acp-bridge serve` sidecar on stdio: ADDRESS is unix:PATH or tcp://HOST:PORT.
+
+    The token comes from the ACP_BRIDGE_TOKEN variable or --token-file, never from argv.
+    """
+    from acp_bridge.connect import command
+
+    command(address, token_file, log_level)

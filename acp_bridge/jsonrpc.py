@@ -9,8 +9,10 @@ from __future__ import annotations
 import enum
 import json
 import math
+import secrets
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -119,18 +121,9 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        # 1e400 is valid JSON but becomes inf, which no JSON encoder can write back: a frame
-        # the bridge had to change would reach the peer as invalid JSON.
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
 # NaN and Infinity are Python extensions, not JSON. One decoder for every line:
 # json.loads with an option builds a new one per call, a cost on every frame relayed.
-_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def decode(text: str) -> Any:
@@ -157,39 +150,58 @@ def parse(raw: bytes) -> Frame:
 def encode(message: Any) -> bytes:
     """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside.
 
-    Valid JSON may carry a lone surrogate escape (``"\\ud800"``), which has no UTF-8 form;
-    such a message is written with every non-ASCII character escaped, as JSON allows.
+    Whatever arrived as valid JSON can be written again: a lone surrogate (``"\\ud800"``
+    is valid JSON, not valid UTF-8) stays a ``\\u`` escape, a number too large for a
+    float (``1e400`` reads as infinity) is written as ``1e999``, never as ``Infinity``,
+    and a message nested as deep as :func:`parse` allows is written from any stack.
     """
     try:
-        text = _dumps(message, ensure_ascii=False)
+        return _encode(message)
     except RecursionError:
-        text = _dumps_deep(message)
+        return _with_headroom(_encode, message)
+
+
+def _encode(message: Any) -> bytes:
     try:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return text.encode()
     except UnicodeEncodeError:
-        return _dumps(message, ensure_ascii=True).encode()
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        return _encode_infinities(message)
 
 
-def _dumps(message: Any, *, ensure_ascii: bool) -> str:
-    # allow_nan=False: never write NaN/Infinity, which are not JSON (parse refuses them).
-    return json.dumps(message, ensure_ascii=ensure_ascii, allow_nan=False, separators=(",", ":"))
+def _encode_infinities(message: Any) -> bytes:
+    marker = f"\x00infinity-{secrets.token_hex(8)}"
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, float) and math.isinf(value):
+            return marker if value > 0 else "-" + marker
+        if isinstance(value, dict):
+            return {key: replace(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [replace(item) for item in value]
+        return value
+
+    text = json.dumps(replace(message), separators=(",", ":"), allow_nan=False)
+    quoted = json.dumps(marker)
+    return text.replace('"-' + quoted[1:], "-1e999").replace(quoted, "1e999").encode()
 
 
 _RECURSION_LOCK: Final = threading.Lock()
+# The parser may have run on a shallower stack than the caller of encode(), so a message
+# it accepted can exceed the recursion limit there. Its depth is bounded by the limit, so a
+# few times the limit always suffices (the Python-level walk of _encode_infinities takes
+# two frames a level), and the real depth, hence the C stack used, does not change.
+_HEADROOM: Final = 4
 
 
-def _dumps_deep(message: Any) -> str:
-    """Serialise a message nested nearly as deep as :func:`parse` allows.
-
-    The parser may have run on a shallower stack than the caller of :func:`encode`, so a
-    message it accepted can exceed the recursion limit here. Its depth is bounded by that
-    limit, so twice the limit always suffices (and stays far from the C stack's size).
-    """
+def _with_headroom(encoder: Callable[[Any], bytes], message: Any) -> bytes:
     with _RECURSION_LOCK:
         limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(2 * limit)
+        sys.setrecursionlimit(_HEADROOM * limit)
         try:
-            return _dumps(message, ensure_ascii=True)
+            return encoder(message)
         finally:
             sys.setrecursionlimit(limit)
 

@@ -1,28 +1,29 @@
-"""The relay: one client connection, one or more agent processes, and everything in between.
+"""The trio runtime around the protocol core: one client connection and its agent processes.
 
-This module owns the trio side of the bridge: the pumps that read lines from each peer,
-the pending-request tables of both directions, the id translation that keeps the bridge's
-own requests (and several agent processes) from colliding with ids in flight, and the
-shutdown sequence. Frames nobody needs to change travel as the bytes they arrived as.
+This module owns what takes time: the pumps that read lines from each peer, the outboxes
+that write to them, one task per intercepted request (the adapter's hook runs there), the
+session store called off the event loop, and the order of shutdown. Where a frame goes,
+under which id and when is decided by :class:`~acp_bridge.core.router.Router`; this module
+only carries it out.
 
 Writes are batched: a pump queues every frame one read produced and writes them with one
-flush before it reads again (so a slow peer still holds the pump back); everything else
-the bridge writes is queued behind them and flushed at once, so nothing overtakes.
+flush before it reads again (so a slow peer still holds the pump back); everything else the
+bridge writes to a peer goes through the same outbox, so nothing overtakes.
 
-Id rules (spec §2): a peer's id is kept as it is unless it is already in flight on the
-connection it goes to; only then is it replaced by a fresh ``acp-bridge-N`` id, and the
-replacement is undone on the response and applied to ``$/cancel_request``.
+Agent processes are started through a *spawner* (by default :meth:`AgentProcess.start`),
+so tests can run coroutine agents over in-memory streams.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import itertools
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -34,21 +35,23 @@ from acp_bridge.adapter import (
     AgentLink,
     Delivery,
     Reply,
+)
+from acp_bridge.agent_process import AgentProcess, AgentStartError
+from acp_bridge.core.router import (
+    CLIENT,
+    PRIMARY,
+    Abandoned,
+    Answered,
+    Event,
+    Intercept,
+    Router,
     describe_exit,
 )
-from acp_bridge.agent_process import AgentProcess
 from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter, join_lines
-from acp_bridge.jsonrpc import (
-    CANCEL_REQUEST,
-    Frame,
-    FrameError,
-    JsonObject,
-    Kind,
-    RequestId,
-    is_request_id,
-)
+from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AUTO, AdapterRegistry
+from acp_bridge.store import SessionRecord, StoreError
 from acp_bridge.system_prompt import (
     DEFAULT_MAX_PROMPT_BYTES,
     PromptRejected,
@@ -75,6 +78,14 @@ HOOKS: Final = {
     "session/prompt": "session_prompt",
 }
 LIFECYCLE: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
+# After the client's EOF, how long frames it sent may still wait for an interception.
+CLIENT_EOF_SETTLE: Final = 5.0
+SETTLE_POLL: Final = 0.01
+# After every process is stopped, how long their last answers may take to reach the client.
+FINAL_DRAIN: Final = 1.0
+WRITE_FAILED: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+# Answered to a command that cannot be started, as a shell does.
+START_FAILED_STATUS: Final = 127
 
 
 @dataclass(frozen=True)
@@ -91,120 +102,100 @@ class BridgeOptions:
     adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
-@dataclass
-class Forwarded:
-    """A client request in flight on an agent connection."""
+class AgentHandle(Protocol):
+    """A started agent process as the runtime uses it (see :class:`AgentProcess`)."""
 
-    client_id: RequestId
-    method: str | None
-    waiter: trio.MemorySendChannel[Frame | AgentExited] | None = None
+    terminated_by_bridge: bool
+
+    @property
+    def stdin(self) -> trio.abc.SendStream: ...
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float) -> int: ...
+
+
+Spawner = Callable[[Sequence[str], Mapping[str, str]], Awaitable[AgentHandle]]
+
+
+async def spawn_process(argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+    return await AgentProcess.start(argv, extra_env=env)
 
 
 class Outbox:
-    """The frames on their way to one peer, written in the order they were queued.
-
-    Everything the bridge sends to a peer goes through its one outbox, so frames relayed
-    untouched and frames the bridge writes itself cannot overtake each other.
-    """
+    """The frames on their way to one peer, written in the order they were queued."""
 
     def __init__(self, stream: trio.abc.SendStream) -> None:
         self.stream = stream
-        self._frames: list[bytes] = []
+        self.frames: list[bytes] = []
         # One writer at a time; the frames are taken only while holding it, so the order
         # of writes is the order of queueing.
         self._lock = trio.Lock()
 
-    def queue(self, raw: bytes) -> None:
-        self._frames.append(raw)
-
     async def flush(self) -> None:
-        """Write the queued frames; when it returns they are written or being written.
-
-        With nothing queued it returns at once, even while another task writes: a pump
-        must never wait for a write it did not ask for. Stream errors propagate and the
-        frames taken are dropped.
-        """
-        if not self._frames:
+        """Write the queued frames; with nothing queued return at once, even while another
+        task writes (a pump must never wait for a write it did not ask for)."""
+        if not self.frames:
             return
         try:
             self._lock.acquire_nowait()  # the usual case, without a trip to the scheduler
         except trio.WouldBlock:
             await self._lock.acquire()
         try:
-            frames, self._frames = self._frames, []
+            frames, self.frames = self.frames, []
             for buffer in join_lines(frames):
                 await self.stream.send_all(buffer)
         finally:
             self._lock.release()
 
-
-class ClientSide:
-    """Writes to the client: nothing but ACP frames."""
-
-    def __init__(self, stream: trio.abc.SendStream, tracer: Tracer) -> None:
-        self.outbox = Outbox(stream)
-        self.tracer = tracer
-        self.gone = False
-        self.went_away = trio.Event()  # set when a write fails: nobody reads our stdout
-
-    def queue_raw(self, raw: bytes, message: Any = None) -> None:
-        if self.gone:
-            return
-        self.tracer.record("agent->client", raw, message)
-        self.outbox.queue(raw)
-
-    def queue(self, message: JsonObject) -> None:
-        self.queue_raw(jsonrpc.encode(message), message)
-
-    async def flush(self) -> None:
-        try:
-            await self.outbox.flush()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            if not self.gone:
-                self.gone = True
-                self.went_away.set()
-                log.info("the client went away")
-
-    async def send_raw(self, raw: bytes, message: Any = None) -> None:
-        self.queue_raw(raw, message)
+    async def settle(self) -> None:
+        """Flush, and wait for a write another task has in progress."""
         await self.flush()
+        async with self._lock:
+            pass
 
-    async def send(self, message: JsonObject) -> None:
-        await self.send_raw(jsonrpc.encode(message), message)
+
+class Waiter:
+    """One answer a task waits for: an agent's response, or the news that it is gone."""
+
+    __slots__ = ("_done", "answer")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self.answer: Frame | AgentExited | None = None
+
+    def set(self, answer: Frame | AgentExited) -> None:
+        self.answer = answer
+        self._done.set()
+
+    async def wait(self) -> Frame | AgentExited:
+        await self._done.wait()
+        assert self.answer is not None
+        return self.answer
 
 
 class AgentConnection:
-    """One agent process and the requests in flight on it (implements ``AgentLink``)."""
+    """One agent process as adapters see it (implements ``AgentLink``)."""
 
-    def __init__(self, bridge: Bridge, process: AgentProcess, name: str) -> None:
+    def __init__(self, bridge: Bridge, process: AgentHandle, hop: int, name: str) -> None:
         self.bridge = bridge
         self.process = process
+        self.hop = hop
         self.name = name
         self.initialize_result: JsonObject | None = None
-        self.own: dict[RequestId, trio.MemorySendChannel[Frame | AgentExited]] = {}
-        self.forwarded: dict[RequestId, Forwarded] = {}
         self.exit_status: int | None = None
         self.closed = False
         self.done = trio.Event()
-        self.read_scope: trio.CancelScope | None = None  # the pending read of stdout
         self.outbox = Outbox(process.stdin)
-        self._ids = itertools.count(1)
-
-    def in_flight(self, request_id: RequestId) -> bool:
-        return request_id in self.own or request_id in self.forwarded
-
-    def fresh_id(self) -> str:
-        while True:
-            candidate = f"acp-bridge-{next(self._ids)}"
-            if not self.in_flight(candidate):
-                return candidate
-
-    def queue_raw(self, raw: bytes, message: Any = None) -> None:
-        self.bridge.tracer.record(f"bridge->{self.name}", raw, message)
-        self.outbox.queue(raw)
-
-    def queue(self, message: Any) -> None:
-        self.queue_raw(jsonrpc.encode(message), message)
 
     async def flush(self) -> None:
         try:
@@ -212,22 +203,10 @@ class AgentConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             log.debug("%s: write failed; the agent is gone", self.name)
 
-    async def send_raw(self, raw: bytes, message: Any = None) -> None:
-        self.queue_raw(raw, message)
-        await self.flush()
-
-    async def send(self, message: Any) -> None:
-        await self.send_raw(jsonrpc.encode(message), message)
-
     async def request(self, method: str, params: JsonObject) -> Any:
-        """A request of the bridge's own: result, or AgentError / AgentExited."""
-        if self.closed:
-            raise AgentExited(self.exit_status)
-        request_id = self.fresh_id()
-        send, receive = trio.open_memory_channel[Frame | AgentExited](1)
-        self.own[request_id] = send
-        await self.send(jsonrpc.request(request_id, method, params))
-        answer = await receive.receive()
+        """A request of the bridge's own: its result, or AgentError / AgentExited."""
+        waiter = self.bridge.router.request(self.hop, method, params)
+        answer = await self.bridge.wait_for(waiter, self)
         if isinstance(answer, AgentExited):
             raise answer
         if "error" in answer.message:
@@ -235,70 +214,51 @@ class AgentConnection:
         return answer.message.get("result")
 
     async def notify(self, method: str, params: JsonObject) -> None:
-        await self.send(jsonrpc.notification(method, params))
-
-    def fail_all(self) -> list[Forwarded]:
-        """The agent is gone: wake every waiter; return client requests nobody waits for."""
-        self.closed = True
-        exited = AgentExited(self.exit_status)
-        for waiter in self.own.values():
-            waiter.send_nowait(exited)
-        self.own.clear()
-        orphans = []
-        for pending in self.forwarded.values():
-            if pending.waiter is not None:
-                pending.waiter.send_nowait(exited)
-            else:
-                orphans.append(pending)
-        self.forwarded.clear()
-        return orphans
+        self.bridge.router.notify(self.hop, method, params)
+        await self.flush()
 
 
 class Call:
     """An intercepted client request on its way through an adapter hook (``LifecycleCall``)."""
 
-    def __init__(
-        self,
-        bridge: Bridge,
-        frame: Frame,
-        link: AgentConnection,
-        *,
-        params: JsonObject,
-        started: Callable[[], None],
-    ) -> None:
+    def __init__(self, bridge: Bridge, token: int, frame: Frame, link: AgentConnection) -> None:
         self.bridge = bridge
+        self.token = token
         self.frame = frame
         self.method: str = frame.method or ""
         self.link = link
-        self.params = params
+        self.params: JsonObject = dict(frame.params)
         self.original_params: JsonObject = frame.params
         self.prompt: SystemPrompt | None = None
         self.previous: SystemPrompt | None = None
-        self.session_id: str | None = (
-            params.get("sessionId") if isinstance(params.get("sessionId"), str) else None
-        )
+        session_id = self.params.get("sessionId")
+        self.session_id: str | None = session_id if isinstance(session_id, str) else None
         self.client_sent_prompt = False
         self.delivered: str | None = None
-        self._started = started
+        self.delivered_now: str | None = None
+        self.forwarded_to: AgentConnection | None = None
 
     async def forward(self, link: AgentLink | None = None) -> Reply:
-        target = link if isinstance(link, AgentConnection) else self.link
+        if link is None:
+            target = self.link
+        elif isinstance(link, AgentConnection) and link.bridge is self.bridge:
+            target = link
+        else:
+            raise TypeError(f"call.forward() got a link this bridge did not make: {link!r}")
+        self.forwarded_to = target
         unchanged = self.params == self.original_params
         message = None if unchanged else {**self.frame.message, "params": self.params}
-        send, receive = trio.open_memory_channel[Frame | AgentExited](1)
-        wire_id = self.bridge.forward_request(target, self.frame, message, waiter=send)
-        await target.flush()
-        self._started()
-        answer = await receive.receive()
+        waiter, events = self.bridge.router.forward(self.token, target.hop, message)
+        self.bridge.handle(events)
+        answer = await self.bridge.wait_for(waiter, target)
         if isinstance(answer, AgentExited):
             return Reply.internal(str(answer), {"exitStatus": answer.status})
         body = answer.message
-        raw = answer.raw if wire_id == self.frame.id else None
+        raw = answer.raw if body.get("id") == self.frame.id else None
         return Reply(result=body.get("result"), error=body.get("error"), frame_bytes=raw)
 
     def mark_delivered(self, fingerprint: str | None) -> None:
-        if self.session_id is not None:
-            self.bridge.lifecycle.set_delivered(self.session_id, fingerprint)
+        self.delivered_now = fingerprint
 
 
 def exit_status(returncode: int) -> int:
@@ -318,60 +278,105 @@ class Bridge:
         *,
         registry: AdapterRegistry | None = None,
         tracer: Tracer | None = None,
+        spawner: Spawner = spawn_process,
     ) -> None:
         self.options = options
         self.client_in = client_in
         self.tracer = tracer or Tracer(None)
-        self.client = ClientSide(client_out, self.tracer)
+        self.client_outbox = Outbox(client_out)
+        self.client_gone = False
         self.lifecycle = lifecycle
         self.registry = registry or AdapterRegistry()
+        self.spawner = spawner
+        self.router = Router(self._sink)
         self.adapter: Adapter | None = None
         self.delivery: Delivery | None = None
-        self.links: list[AgentConnection] = []
+        self.links: dict[int, AgentConnection] = {}
         # Every process this connection started, attached or not: shutdown stops them all.
-        self.processes: list[AgentProcess] = []
-        self._primary: AgentConnection | None = None
-        self._primary_process: AgentProcess | None = None
-        # Agent->client requests in flight: client-facing id -> (connection, agent's id).
-        self.agent_requests: dict[RequestId, tuple[AgentConnection, RequestId]] = {}
-        self.agent_request_ids: dict[tuple[int, RequestId], RequestId] = {}
-        # Client request id -> where it went, for $/cancel_request.
-        self.client_requests: dict[RequestId, tuple[AgentConnection, RequestId]] = {}
+        self.processes: list[AgentHandle] = []
+        self._primary_process: AgentHandle | None = None
         self.initialize_params: Any = None
-        self.authenticate_params: Any = None
         self.live: set[str] = set()
         self.log = log
-        self._client_ids = itertools.count(1)
+        self._waiters: dict[int, Waiter] = {}
         self._nursery: trio.Nursery | None = None
         self._exit_status: int | None = None
         self._stopping = False
         self._finished = trio.Event()
-        # Set once initialize has been answered (or failed): the adapter is chosen by then.
-        self._initialized = trio.Event()
+        self._client_went_away = trio.Event()
+
+    # ------------------------------------------------------------------ wiring
+
+    def _sink(self, peer: int, raw: bytes) -> None:
+        if peer == CLIENT:
+            if not self.client_gone:
+                if self.tracer.enabled:
+                    self.tracer.record("agent->client", raw, None)
+                self.client_outbox.frames.append(raw)
+            return
+        link = self.links[peer]
+        if self.tracer.enabled:
+            self.tracer.record(f"bridge->{link.name}", raw, None)
+        link.outbox.frames.append(raw)
+
+    def handle(self, events: list[Event]) -> None:
+        """Carry out what the router asks beyond writing."""
+        for event in events:
+            if isinstance(event, Intercept):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._intercept, event.token, event.frame)
+            elif isinstance(event, Answered):
+                self._waiters.pop(event.waiter).set(event.frame)
+            elif isinstance(event, Abandoned):
+                self._waiters.pop(event.waiter).set(AgentExited(event.status))
+
+    async def wait_for(self, waiter_id: int | None, link: AgentConnection) -> Frame | AgentExited:
+        if waiter_id is None:
+            return AgentExited(link.exit_status)
+        waiter = self._waiters[waiter_id] = Waiter()
+        await self.flush_all()
+        return await waiter.wait()
+
+    async def flush_client(self) -> None:
+        try:
+            await self.client_outbox.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            if not self.client_gone:
+                self.client_gone = True
+                self.client_outbox.frames.clear()
+                self._client_went_away.set()
+                log.info("the client went away")
+
+    async def flush_all(self) -> None:
+        await self.flush_client()
+        for link in tuple(self.links.values()):
+            await link.flush()
 
     # ----------------------------------------------------------------- running
 
     async def start_agent(self) -> None:
         """Start the primary agent process; raises AgentStartError if it cannot start."""
-        self._primary_process = await AgentProcess.start(
-            self.options.agent_argv, extra_env=self.options.agent_env
-        )
+        self._primary_process = await self.spawner(self.options.agent_argv, self.options.agent_env)
         self.processes.append(self._primary_process)
 
     async def run(self, *, watch_signals: bool = True) -> int:
         """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
-        try:
-            if self._primary_process is None:
+        if self._primary_process is None:
+            try:
                 await self.start_agent()
-            assert self._primary_process is not None
+            except AgentStartError as exc:
+                return await self._refuse_client(exc)
+        assert self._primary_process is not None
+        try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._primary = self._attach(self._primary_process, "agent")
+                self._attach(self._primary_process, PRIMARY, "agent")
                 if watch_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._pump_client)
                 nursery.start_soon(self._watch_client_output)
                 await self._finished.wait()
+                await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
             # Cancelled from outside (a server closing, an early Ctrl-C): still no process
@@ -383,10 +388,64 @@ class Bridge:
                 await self.adapter.aclose()
         return self._exit_status if self._exit_status is not None else 0
 
-    def _attach(self, process: AgentProcess, name: str) -> AgentConnection:
+    async def _drain(self) -> None:
+        """The processes are stopped: let their last answers reach the client.
+
+        Each agent pump ends once it has read its process's output to the end, and every
+        interception still open gets its answer (the agent's, or that it exited).
+        """
+        with trio.move_on_after(FINAL_DRAIN):
+            for link in tuple(self.links.values()):
+                await link.done.wait()
+            while self.router.intercepting:
+                await trio.sleep(SETTLE_POLL)
+        with trio.move_on_after(FINAL_DRAIN):
+            await self.flush_client()
+
+    async def _refuse_client(self, failure: AgentStartError) -> int:
+        """The agent cannot start: answer the client's requests with why, until it leaves.
+
+        The client's ``initialize`` gets the error (naming the command and the cause), so
+        an editor shows it instead of a bare end of stream.
+        """
+        log.error("%s", failure)
+        splitter = LineSplitter(self.options.line_limit)
+        with trio.move_on_after(self.options.shutdown_grace + 3):
+            while True:
+                try:
+                    data = await self.client_in.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                answered = False
+                for item in splitter.feed(data) if data else splitter.close():
+                    if not isinstance(item, Line) or not item.data.strip():
+                        continue
+                    try:
+                        frame = jsonrpc.parse(item.data)
+                    except FrameError:
+                        continue
+                    if frame.kind is jsonrpc.Kind.REQUEST:
+                        self._sink(
+                            CLIENT,
+                            jsonrpc.encode(
+                                jsonrpc.error_response(
+                                    frame.id,
+                                    jsonrpc.INTERNAL_ERROR,
+                                    f"The bridge could not start the agent: {failure}",
+                                    {"command": list(self.options.agent_argv)},
+                                )
+                            ),
+                        )
+                        answered = answered or frame.method == "initialize"
+                await self.flush_client()
+                if not data or answered:
+                    break
+        return START_FAILED_STATUS
+
+    def _attach(self, process: AgentHandle, hop: int, name: str) -> AgentConnection:
         assert self._nursery is not None
-        link = AgentConnection(self, process, name)
-        self.links.append(link)
+        link = AgentConnection(self, process, hop, name)
+        self.links[hop] = link
         self._nursery.start_soon(self._pump_agent, link)
         return link
 
@@ -398,14 +457,15 @@ class Bridge:
             raise AgentExited(None)
         argv = [*self.options.agent_argv, *extra_args]
         env = {**self.options.agent_env, **(extra_env or {})}
-        process = await AgentProcess.start(argv, extra_env=env)
+        process = await self.spawner(argv, env)
         self.processes.append(process)
-        link = self._attach(process, f"agent-{len(self.links)}")
+        hop = self.router.add_hop()
+        link = self._attach(process, hop, f"agent-{hop}")
         try:
             if self.initialize_params is not None:
                 link.initialize_result = await link.request("initialize", self.initialize_params)
-            if self.authenticate_params is not None:
-                await link.request("authenticate", self.authenticate_params)
+            if self.router.authenticate_params is not None:
+                await link.request("authenticate", self.router.authenticate_params)
         except (AgentError, AgentExited):
             # A process that cannot be used must not outlive the failed start.
             await self.stop_agent(link)
@@ -420,11 +480,13 @@ class Bridge:
     @property
     def primary(self) -> AgentConnection:
         """The agent process started first; it answers everything not routed elsewhere."""
-        assert self._primary is not None, "the bridge is not running"
-        return self._primary
+        return self.links[PRIMARY]
 
     def live_sessions(self) -> set[str]:
         return set(self.live)
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return {**os.environ, **self.options.agent_env}
 
     def adapter_options(self, adapter: str) -> Mapping[str, Any]:
         return self.options.adapter_options.get(adapter, {})
@@ -456,7 +518,7 @@ class Bridge:
 
     async def _watch_client_output(self) -> None:
         """A client that closed our stdout is gone even if its end of stdin stays open."""
-        await self.client.went_away.wait()
+        await self._client_went_away.wait()
         await self._shutdown(self._status_after_client_left)
 
     async def _watch_signals(self) -> None:
@@ -465,6 +527,13 @@ class Bridge:
                 log.info("signal %d: shutting down", signum)
                 await self._shutdown(lambda: 128 + signum)  # noqa: B023
                 return
+
+    def _status_after_client_left(self) -> int:
+        """The agent's own status if it ended by itself on EOF, else 0: we stopped it."""
+        process = self.primary.process
+        if process.terminated_by_bridge or process.returncode is None:
+            return 0
+        return exit_status(process.returncode)
 
     # ------------------------------------------------------------ client side
 
@@ -475,186 +544,58 @@ class Bridge:
                 data = await self.client_in.receive_some(READ_CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
-            items = splitter.feed(data) if data else splitter.close()
-            for item in items:
+            for item in splitter.feed(data) if data else splitter.close():
                 if isinstance(item, Line):
-                    await self._from_client(item.data)
+                    self._from_client(item.data)
                 else:
-                    self.client.queue(
-                        jsonrpc.error_response(
-                            None,
-                            jsonrpc.INVALID_REQUEST,
-                            f"The message is {item.size} bytes, more than the line limit of "
-                            f"{splitter.limit} bytes.",
-                        )
+                    self._sink(
+                        CLIENT,
+                        jsonrpc.encode(
+                            jsonrpc.error_response(
+                                None,
+                                jsonrpc.INVALID_REQUEST,
+                                f"The message is {item.size} bytes, more than the line limit "
+                                f"of {splitter.limit} bytes.",
+                            )
+                        ),
                     )
-            await self._flush_client_pump()
+            await self.flush_all()
             if not data:
                 log.debug("client closed its input")
+                await self._settle()
                 await self._shutdown(self._status_after_client_left)
                 return
 
-    async def _flush_client_pump(self) -> None:
-        """Write what the client pump queued, to every peer, before it reads or waits again."""
-        await self.client.flush()
-        for link in tuple(self.links):
-            await link.flush()
+    async def _settle(self) -> None:
+        """Before the agent's input is closed, let what the client sent reach it.
 
-    def _status_after_client_left(self) -> int:
-        """The agent's own status if it ended by itself on EOF, else 0: we stopped it."""
-        process = self.primary.process
-        if process.terminated_by_bridge or process.returncode is None:
-            return 0
-        return exit_status(process.returncode)
+        Frames may still wait behind an interception (a ``session/new`` pipelined behind
+        ``initialize``); they are passed on first, within a bound.
+        """
+        with trio.move_on_after(CLIENT_EOF_SETTLE):
+            while not self.router.settled:
+                await trio.sleep(SETTLE_POLL)
+            await self.flush_client()
+            for link in tuple(self.links.values()):
+                with contextlib.suppress(*WRITE_FAILED):
+                    await link.outbox.settle()
 
-    async def _from_client(self, raw: bytes) -> None:
+    def _from_client(self, raw: bytes) -> None:
         if not raw.strip():
             return
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
-            self.tracer.record("client->bridge", raw, None)
-            self.client.queue(jsonrpc.error_response(exc.request_id, exc.code, exc.message))
-            return
-        self.tracer.record("client->bridge", raw, frame.message)
-        if frame.kind is Kind.REQUEST:
-            await self._client_request(frame)
-        elif frame.kind is Kind.NOTIFICATION:
-            self._client_notification(frame)
-        elif frame.kind is Kind.RESPONSE:
-            self._client_response(frame)
-        else:
-            self._client_batch(frame)
-
-    def _intercepts(self, method: str | None) -> bool:
-        if method == "initialize":
-            return True
-        if self.adapter is None or self.delivery is None or method not in HOOKS:
-            return False
-        return method != "session/prompt" or self.adapter.intercepts_prompt
-
-    async def _client_request(self, frame: Frame) -> None:
-        if frame.method == "authenticate":
-            self.authenticate_params = frame.params
-        if frame.method in HOOKS and self.initialize_params is not None:
-            # A client that pipelines session/new behind initialize must not slip past
-            # validation while the adapter is still being chosen; hold it until then.
-            if not self._initialized.is_set():
-                await self._flush_client_pump()  # what came before it need not wait
-            await self._initialized.wait()
-        if self._intercepts(frame.method) and isinstance(frame.params, dict):
-            assert self._nursery is not None
-            # A handler may take long before it forwards (starting an agent, say): what the
-            # client sent before this request goes out first.
-            await self._flush_client_pump()
-            # Wait until the handler has forwarded (or answered) so later client frames,
-            # such as a session/cancel, cannot overtake the request they refer to.
-            await self._nursery.start(self._intercept, frame)
-            return
-        self.forward_request(self._route(frame), frame, None)
-
-    def _route(self, frame: Frame) -> AgentConnection:
-        if self.adapter is not None:
-            link = self.adapter.route(frame.method or "", frame.params)
-            if isinstance(link, AgentConnection) and not link.closed:
-                return link
-        return self.primary
-
-    def forward_request(
-        self,
-        link: AgentConnection,
-        frame: Frame,
-        message: JsonObject | None,
-        *,
-        waiter: trio.MemorySendChannel[Frame | AgentExited] | None = None,
-    ) -> RequestId:
-        """Queue a client request to an agent, translating its id only on collision."""
-        client_id = frame.id
-        wire_id = link.fresh_id() if link.in_flight(client_id) else client_id
-        if link.closed:
-            exited = AgentExited(link.exit_status)
-            if waiter is not None:
-                waiter.send_nowait(exited)
-            else:
-                self._fail_client_request(client_id, exited)
-            return wire_id
-        link.forwarded[wire_id] = Forwarded(client_id, frame.method, waiter)
-        self.client_requests[client_id] = (link, wire_id)
-        if message is None and wire_id == client_id:
-            link.queue_raw(frame.raw, frame.message)
-        else:
-            link.queue({**(message or frame.message), "id": wire_id})
-        return wire_id
-
-    def _fail_client_request(self, client_id: RequestId, exited: AgentExited) -> None:
-        self.client.queue(
-            jsonrpc.error_response(
-                client_id, jsonrpc.INTERNAL_ERROR, str(exited), {"exitStatus": exited.status}
+            if self.tracer.enabled:
+                self.tracer.record("client->bridge", raw, None)
+            self._sink(
+                CLIENT,
+                jsonrpc.encode(jsonrpc.error_response(exc.request_id, exc.code, exc.message)),
             )
-        )
-
-    def _client_notification(self, frame: Frame) -> None:
-        params = frame.params
-        if (
-            frame.method == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and is_request_id(params.get("requestId"))
-        ):
-            target = self.client_requests.get(params.get("requestId"))
-            if target is not None:
-                link, wire_id = target
-                if wire_id == params.get("requestId"):
-                    link.queue_raw(frame.raw, frame.message)
-                else:
-                    changed = {**params, "requestId": wire_id}
-                    link.queue({**frame.message, "params": changed})
-                return
-        self._route(frame).queue_raw(frame.raw, frame.message)
-
-    def _client_response(self, frame: Frame) -> None:
-        target = self.agent_requests.pop(frame.id, None)
-        if target is None:
-            log.debug("client answered unknown request id %r; passing it to the agent", frame.id)
-            self.primary.queue_raw(frame.raw, frame.message)
             return
-        link, agent_id = target
-        self.agent_request_ids.pop((id(link), agent_id), None)
-        if agent_id == frame.id:
-            link.queue_raw(frame.raw, frame.message)
-        else:
-            link.queue({**frame.message, "id": agent_id})
-
-    def _client_batch(self, frame: Frame) -> None:
-        """v2 batches pass through; lifecycle methods must not be batched (v2 transports)."""
-        members = frame.message
-        intercepted = [
-            m for m in members if isinstance(m, dict) and self._intercepts(m.get("method"))
-        ]
-        if intercepted:
-            # The batch is refused whole: answering part of it would split what the client
-            # sent as one unit.
-            errors = [
-                jsonrpc.error_response(
-                    m.get("id"),
-                    jsonrpc.INVALID_REQUEST,
-                    f"The method {m.get('method')} must not be sent in a batch."
-                    if m in intercepted
-                    else "The batch holds session requests, which must not be batched.",
-                )
-                for m in members
-                if isinstance(m, dict) and "id" in m and "method" in m
-            ]
-            if errors:
-                self.client.queue_raw(jsonrpc.encode(errors), errors)
-            return
-        for member in members:
-            if not isinstance(member, dict) or not is_request_id(member.get("id")):
-                continue  # malformed members are the agent's to answer
-            if "method" in member and "id" in member:
-                self.primary.forwarded[member["id"]] = Forwarded(member["id"], member["method"])
-            elif "method" not in member and "id" in member:
-                self.agent_requests.pop(member["id"], None)
-        self.primary.queue_raw(frame.raw, frame.message)
+        if self.tracer.enabled:
+            self.tracer.record("client->bridge", raw, frame.message)
+        self.handle(self.router.receive_from_client(frame))
 
     # ------------------------------------------------------------- agent side
 
@@ -663,36 +604,40 @@ class Bridge:
             # The agent's stdout ends at EOF, or shortly after the agent exits: a grandchild
             # that inherited the pipe (npx and similar wrappers) may hold it open for ever.
             exited = trio.Event()
-            nursery.start_soon(self._watch_agent_exit, link, exited)
-            await self._read_agent(link, exited)
+            read_scope: list[trio.CancelScope] = []
+            nursery.start_soon(self._watch_agent_exit, link, exited, read_scope)
+            await self._read_agent(link, exited, read_scope)
             nursery.cancel_scope.cancel()
         await self._agent_gone(link)
 
-    async def _watch_agent_exit(self, link: AgentConnection, exited: trio.Event) -> None:
+    async def _watch_agent_exit(
+        self, link: AgentConnection, exited: trio.Event, read_scope: list[trio.CancelScope]
+    ) -> None:
         await link.process.wait()
         exited.set()
-        if link.read_scope is not None:
+        for scope in read_scope:
             # Whatever the agent wrote before exiting is already in the pipe.
-            link.read_scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
+            scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
 
-    async def _read_agent(self, link: AgentConnection, exited: trio.Event) -> None:
+    async def _read_agent(
+        self, link: AgentConnection, exited: trio.Event, read_scope: list[trio.CancelScope]
+    ) -> None:
         splitter = LineSplitter(self.options.line_limit)
         stream = link.process.stdout
         while True:
             data: bytes | bytearray = b""
             # Only the read is cancelled, never a frame half-written to the client.
-            with trio.CancelScope() as read_scope:
+            with trio.CancelScope() as scope:
                 if exited.is_set():
-                    read_scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
+                    scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
                 else:
-                    link.read_scope = read_scope
+                    read_scope[:] = [scope]
                 try:
                     data = await stream.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
-            link.read_scope = None
-            items = splitter.feed(data) if data else splitter.close()
-            for item in items:
+            read_scope.clear()
+            for item in splitter.feed(data) if data else splitter.close():
                 if isinstance(item, Line):
                     self._from_agent(link, item.data)
                 else:
@@ -700,9 +645,22 @@ class Bridge:
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
             # An agent pump writes only to the client.
-            await self.client.flush()
+            await self.flush_client()
             if not data:
                 break
+
+    def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            frame = jsonrpc.parse(raw)
+        except FrameError as exc:
+            preview = raw[:200].decode(errors="replace")
+            log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview)
+            return
+        if self.tracer.enabled:
+            self.tracer.record(f"{link.name}->bridge", raw, frame.message)
+        self.handle(self.router.receive_from_agent(link.hop, frame))
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):
@@ -717,139 +675,54 @@ class Bridge:
             link.name,
             describe_exit(link.exit_status),
         )
-        for orphan in link.fail_all():
-            self._fail_client_request(orphan.client_id, AgentExited(link.exit_status))
-        await self.client.flush()
-        for client_id, (other, _) in list(self.client_requests.items()):
-            if other is link:
-                del self.client_requests[client_id]
+        link.closed = True
+        self.handle(self.router.hop_closed(link.hop, link.exit_status))
+        await self.flush_client()
         link.done.set()
-        if link is self.primary:
+        if link.hop == PRIMARY:
             status = exit_status(link.exit_status)
             await self._shutdown(lambda: status)
 
-    def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
-        if not raw.strip():
-            return
-        try:
-            frame = jsonrpc.parse(raw)
-        except FrameError as exc:
-            preview = raw[:200].decode(errors="replace")
-            log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview)
-            return
-        self.tracer.record(f"{link.name}->bridge", raw, frame.message)
-        if frame.kind is Kind.RESPONSE:
-            self._agent_response(link, frame)
-        elif frame.kind is Kind.REQUEST:
-            self._agent_request(link, frame)
-        elif frame.kind is Kind.NOTIFICATION:
-            self._agent_notification(link, frame)
-        else:
-            self._agent_batch(link, frame)
-
-    def _agent_response(self, link: AgentConnection, frame: Frame) -> None:
-        wire_id = frame.id
-        own = link.own.pop(wire_id, None)
-        if own is not None:
-            own.send_nowait(frame)
-            return
-        pending = link.forwarded.pop(wire_id, None)
-        if pending is None:
-            log.debug("%s: response to unknown id %r passed through", link.name, wire_id)
-            self.client.queue_raw(frame.raw, frame.message)
-            return
-        if self.client_requests.get(pending.client_id) == (link, wire_id):
-            del self.client_requests[pending.client_id]
-        if pending.waiter is not None:
-            pending.waiter.send_nowait(frame)
-        elif wire_id == pending.client_id:
-            self.client.queue_raw(frame.raw, frame.message)
-        else:
-            self.client.queue({**frame.message, "id": pending.client_id})
-
-    def _agent_request(self, link: AgentConnection, frame: Frame) -> None:
-        agent_id = frame.id
-        client_id: RequestId = agent_id
-        while client_id in self.agent_requests:
-            client_id = f"acp-bridge-{next(self._client_ids)}"
-        self.agent_requests[client_id] = (link, agent_id)
-        self.agent_request_ids[(id(link), agent_id)] = client_id
-        if client_id == agent_id:
-            self.client.queue_raw(frame.raw, frame.message)
-        else:
-            self.client.queue({**frame.message, "id": client_id})
-
-    def _agent_notification(self, link: AgentConnection, frame: Frame) -> None:
-        params = frame.params
-        if (
-            frame.method == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and is_request_id(params.get("requestId"))
-        ):
-            client_id = self.agent_request_ids.get((id(link), params.get("requestId")))
-            if client_id is not None and client_id != params.get("requestId"):
-                changed = {**params, "requestId": client_id}
-                self.client.queue({**frame.message, "params": changed})
-                return
-        self.client.queue_raw(frame.raw, frame.message)
-
-    def _agent_batch(self, link: AgentConnection, frame: Frame) -> None:
-        for member in frame.message:
-            if not isinstance(member, dict) or "id" not in member:
-                continue
-            if not is_request_id(member["id"]):
-                continue
-            if "method" in member:
-                self.agent_requests[member["id"]] = (link, member["id"])
-            else:
-                pending = link.forwarded.pop(member["id"], None)
-                if pending is not None:
-                    self.client_requests.pop(pending.client_id, None)
-        self.client.queue_raw(frame.raw, frame.message)
-
     # ------------------------------------------------------- intercepted calls
 
-    async def _intercept(
-        self, frame: Frame, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        started = False
-
-        def mark_started() -> None:
-            nonlocal started
-            if not started:
-                started = True
-                task_status.started()
-
+    async def _intercept(self, token: int, frame: Frame) -> None:
         try:
-            reply = await self._handle(frame, mark_started)
+            reply = await self._handle(token, frame)
         except Exception as exc:
             log.exception("handling %s failed", frame.method)
             reply = Reply.internal(f"The bridge failed to handle {frame.method}.", str(exc))
-        finally:
-            mark_started()
-        await self._answer(frame, reply)
+        self.handle(self.router.answer(token, self._encode_reply(frame, reply)))
+        await self.flush_all()
 
-    async def _answer(self, frame: Frame, reply: Reply) -> None:
+    @staticmethod
+    def _encode_reply(frame: Frame, reply: Reply) -> bytes:
         if reply.frame_bytes is not None:
-            await self.client.send_raw(reply.frame_bytes)
-        elif reply.error is not None:
-            await self.client.send({"jsonrpc": "2.0", "id": frame.id, "error": reply.error})
-        else:
-            await self.client.send(jsonrpc.result_response(frame.id, reply.result))
+            return reply.frame_bytes
+        if reply.error is not None:
+            return jsonrpc.encode({"jsonrpc": "2.0", "id": frame.id, "error": reply.error})
+        return jsonrpc.encode(jsonrpc.result_response(frame.id, reply.result))
 
-    async def _handle(self, frame: Frame, started: Callable[[], None]) -> Reply:
-        params: JsonObject = dict(frame.params)
-        call = Call(self, frame, self._route(frame), params=params, started=started)
+    def _route_link(self, frame: Frame) -> AgentConnection:
+        if self.adapter is not None and len(self.links) > 1:
+            link = self.adapter.route(frame.method or "", frame.params)
+            if isinstance(link, AgentConnection) and not link.closed:
+                return link
+        return self.primary
+
+    def _route_hop(self, method: str, params: Any) -> int | None:
+        assert self.adapter is not None
+        link = self.adapter.route(method, params)
+        return link.hop if isinstance(link, AgentConnection) else None
+
+    async def _handle(self, token: int, frame: Frame) -> Reply:
+        call = Call(self, token, frame, self._route_link(frame))
         if frame.method == "initialize":
-            try:
-                return await self._initialize(call)
-            finally:
-                self._initialized.set()
+            return await self._initialize(call)
         assert self.adapter is not None
         if call.method != "session/new" and call.session_id is not None:
             # What the named session (for fork: the parent) has been running with.
-            record = self.lifecycle.get(call.session_id)
-            if record is not None:
+            record = await self._store(self.lifecycle.get, call.session_id)
+            if isinstance(record, SessionRecord):
                 call.prompt = call.previous = record.prompt
                 call.delivered = record.delivered
         if frame.method in LIFECYCLE:
@@ -860,7 +733,7 @@ class Bridge:
         hook = getattr(self.adapter, HOOKS[call.method])
         reply: Reply = await hook(call)
         if reply.ok:
-            self._record(call, reply)
+            reply = await self._record(call, reply)
         return reply
 
     async def _initialize(self, call: Call) -> Reply:
@@ -880,6 +753,13 @@ class Bridge:
         # Sessions are stored per agent identity: its agentInfo.name, else its command.
         self.lifecycle.agent = capabilities.agent_name(result) or self.lifecycle.agent
         log.info("adapter %s; delivery %s", self.adapter.name, delivery)
+        intercepted = {"initialize"}
+        if delivery is not None:
+            intercepted.update(m for m in HOOKS if m != "session/prompt")
+            if self.adapter.intercepts_prompt:
+                intercepted.add("session/prompt")
+        self.router.intercepted = frozenset(intercepted)
+        self.router.route = self._route_hop
         if delivery is None:
             return reply
         advertised = capabilities.advertise(
@@ -910,25 +790,66 @@ class Bridge:
             prompt = call.previous
         call.prompt = prompt
 
-    def _record(self, call: Call, reply: Reply) -> None:
+    async def _store(self, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A call into the session store, off the event loop (it may wait on a lock)."""
+        return await trio.to_thread.run_sync(lambda: operation(*args, **kwargs))
+
+    async def _record(self, call: Call, reply: Reply) -> Reply:
+        """Remember what the agent accepted; if that fails, no session may be left open."""
         result = reply.result if isinstance(reply.result, dict) else {}
         new_id = result.get("sessionId")
-        if call.method == "session/new" and isinstance(new_id, str):
-            self.lifecycle.save(new_id, call.prompt)
-            self.live.add(new_id)
-        elif call.method == "session/fork" and isinstance(new_id, str):
-            self.lifecycle.save(new_id, call.prompt, parent_id=call.session_id)
-            if call.prompt is not None and call.delivered == call.prompt.fingerprint():
-                self.lifecycle.set_delivered(new_id, call.delivered)
-            self.live.add(new_id)
-        elif call.session_id is None:
-            return
-        elif call.method in ("session/load", "session/resume"):
-            self.lifecycle.save(call.session_id, call.prompt)
-            self.live.add(call.session_id)
-        elif call.method == "session/close":
-            self.lifecycle.set_live(call.session_id, False)
-            self.live.discard(call.session_id)
-        elif call.method == "session/delete":
-            self.lifecycle.forget(call.session_id)
-            self.live.discard(call.session_id)
+        opened: str | None = None
+        try:
+            if call.method == "session/new" and isinstance(new_id, str):
+                opened = new_id
+                await self._store(self.lifecycle.save, new_id, call.prompt)
+                self.live.add(new_id)
+            elif call.method == "session/fork" and isinstance(new_id, str):
+                opened = new_id
+                await self._store(
+                    self.lifecycle.save, new_id, call.prompt, parent_id=call.session_id
+                )
+                if call.prompt is not None and call.delivered == call.prompt.fingerprint():
+                    await self._store(self.lifecycle.set_delivered, new_id, call.delivered)
+                self.live.add(new_id)
+            elif call.session_id is None:
+                return reply
+            elif call.method in ("session/load", "session/resume"):
+                opened = call.session_id
+                await self._store(self.lifecycle.save, call.session_id, call.prompt)
+                self.live.add(call.session_id)
+            elif call.method == "session/close":
+                self.live.discard(call.session_id)
+                await self._store(self.lifecycle.set_live, call.session_id, False)
+            elif call.method == "session/delete":
+                self.live.discard(call.session_id)
+                await self._store(self.lifecycle.forget, call.session_id)
+            if call.delivered_now is not None and call.session_id is not None:
+                await self._store(self.lifecycle.set_delivered, call.session_id, call.delivered_now)
+        except StoreError as exc:
+            log.error("%s: %s", call.method, exc)
+            if opened is not None:
+                self.live.discard(opened)
+                await self._withdraw(call, opened)
+            return Reply.internal(
+                f"The bridge could not record the session, so it did not keep it open: {exc}"
+            )
+        return reply
+
+    async def _withdraw(self, call: Call, session_id: str) -> None:
+        """Close (or delete) a session the agent opened for a request that then failed."""
+        link = call.forwarded_to or call.link
+        advertised = capabilities.session_capabilities(link.initialize_result or {})
+        for method in ("session/close", "session/delete"):
+            if method.removeprefix("session/") not in advertised:
+                continue
+            try:
+                await link.request(method, {"sessionId": session_id})
+                return
+            except (AgentError, AgentExited) as exc:
+                log.warning("%s of session %s failed: %s", method, session_id, exc)
+        log.warning(
+            "session %s stays open in the agent: it offers neither session/close "
+            "nor session/delete",
+            session_id,
+        )

@@ -123,7 +123,7 @@ class _Section(BaseModel):
 class VerifySpec(_Section):
     """How ``acp-bridge verify`` points an agent at the embedded local model endpoint."""
 
-    endpoint: Literal["anthropic", "openai-chat", "openai-responses"]
+    endpoint: Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
     env: dict[str, Text] = Field(default_factory=dict)
     args: list[Text] = Field(default_factory=list)
     dirs: list[str] = Field(default_factory=list)

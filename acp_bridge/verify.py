@@ -43,8 +43,8 @@ from acp_bridge.settings import ConfigError, expand
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
-Flavour = Literal["anthropic", "openai-chat", "openai-responses"]
-FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses")
+Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
+FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses", "gemini")
 
 # Starting an agent may include `npx` downloading it on first use.
 START_TIMEOUT: Final = 600.0
@@ -224,6 +224,7 @@ class VerifyRun:
         self.cwd = plan.home / "project"
         self.cwd.mkdir(parents=True, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:8]
+        self.broken: dict[str, str] = {}
 
     def marker(self, mode: str, step: str) -> str:
         return f"ACPBRIDGE-{mode.upper()}-{step.upper()}-{self.run_id}"
@@ -296,6 +297,18 @@ class VerifyRun:
             SystemPrompt.from_wire(wanted) if wanted else None,
         )
 
+    def broken_methods(self, agent: Agent, initialized: JsonObject) -> dict[str, str]:
+        """Methods the adapter says fail upstream in this agent version (shown as SKIP)."""
+        try:
+            adapter = self.plan.registry.get(agent.adapter)
+        except AdapterNotFound:
+            return {}
+        return adapter.broken_methods(initialized)
+
+    def no_reopen(self) -> str:
+        reasons = [self.broken[m] for m in ("session/load", "session/resume") if m in self.broken]
+        return "; ".join(reasons) or _NO_REOPEN
+
     def skip(self, step: str, mode: str, reason: str) -> None:
         self.rows.append(Row(step, mode, "-", reason, "SKIP"))
         progress(f"{step} [{mode}]: skipped ({reason})")
@@ -310,6 +323,9 @@ class VerifyRun:
         # --- bridge 1: baseline, session/new, load after close
         async with running_bridge(plan, "keep") as (client, initialized):
             agent = Agent.from_initialize(initialized)
+            self.broken = self.broken_methods(agent, initialized)
+            agent.load = agent.load and "session/load" not in self.broken
+            agent.resume = agent.resume and "session/resume" not in self.broken
             progress(
                 f"adapter {agent.adapter}; modes {', '.join(agent.modes) or 'none'}; "
                 f"load={agent.load} resume={agent.resume} fork={agent.fork} close={agent.close}"
@@ -386,7 +402,8 @@ class VerifyRun:
     ) -> None:
         step = "load after close, prompt re-sent"
         if not agent.load:
-            self.skip(step, mode, "the agent does not advertise loadSession")
+            reason = self.broken.get("session/load", "the agent does not advertise loadSession")
+            self.skip(step, mode, reason)
             return
         if not agent.close:
             self.skip(step, mode, "the agent does not advertise session/close")
@@ -430,7 +447,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="resume")
         if method is None:
-            self.skip("reopen after restart, omitted (keep)", mode, _NO_REOPEN)
+            self.skip("reopen after restart, omitted (keep)", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} after restart, omitted (keep)"
         marker = self.marker(mode, "new")
@@ -448,7 +465,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="load")
         if method is None:
-            self.skip("reopen with a changed prompt", mode, _NO_REOPEN)
+            self.skip("reopen with a changed prompt", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} of a live session, changed prompt"
         old, new = self.marker(mode, "new"), self.marker(mode, "changed")
@@ -489,7 +506,7 @@ class VerifyRun:
     ) -> None:
         method = self._reopen_method(agent, prefer="load")
         if method is None:
-            self.skip("reopen after restart, omitted (default)", mode, _NO_REOPEN)
+            self.skip("reopen after restart, omitted (default)", mode, self.no_reopen())
             return
         step = f"{method.split('/')[1]} after restart, omitted (default)"
         old = self.marker(mode, "changed")
@@ -597,7 +614,7 @@ def _make_plan(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if flavour not in FLAVOURS:
-        raise click.UsageError("give --endpoint anthropic|openai-chat|openai-responses")
+        raise click.UsageError("give --endpoint " + "|".join(FLAVOURS))
     options = dataclasses.replace(
         runtime.options,
         agent_argv=[*runtime.options.agent_argv, *extra_args],

@@ -50,6 +50,10 @@ CLAUDE_VERSIONS = (CLAUDE_LEGACY, CLAUDE_PRE_NATIVE, CLAUDE_NATIVE)
 
 GOOSE_VERSION = "1.52.0"
 CODEX_ACP_VERSION = "0.16.0"
+OPENCODE_VERSION = "1.18.33"
+COPILOT_VERSION = "1.0.102"
+GEMINI_CLI = ("@google/gemini-cli", "0.61.0")
+QWEN_CODE = ("@qwen-code/qwen-code", "0.24.4")
 
 INSTALL_TIMEOUT = 1800.0
 _MARKER = ".acp-bridge-installed"
@@ -172,6 +176,50 @@ def codex_acp_binary(version: str = CODEX_ACP_VERSION) -> Path:
     return package_dir(package, version) / "bin" / "codex-acp"
 
 
+def opencode_binary(version: str = OPENCODE_VERSION) -> Path:
+    """The opencode binary (run it as ``opencode acp``).
+
+    ``opencode-ai``'s install script puts the binary for this machine (chosen among its
+    optional platform packages) at ``bin/opencode.exe``, the package's own ``bin`` entry.
+    """
+    package = "opencode-ai"
+    install(package, version)
+    binary = package_dir(package, version) / "bin" / "opencode.exe"
+    if not binary.is_file():
+        raise RuntimeError(f"{binary} is missing")
+    return binary
+
+
+def copilot_binary(version: str = COPILOT_VERSION) -> Path:
+    """The native GitHub Copilot CLI (run it as ``copilot --acp``), not its node loader."""
+    package = f"@github/copilot-{_platform_suffix()}"
+    install(package, version)
+    binary = package_dir(package, version) / "copilot"
+    if not binary.is_file():
+        raise RuntimeError(f"{binary} is missing")
+    return binary
+
+
+def gemini_command() -> list[str]:
+    """``gemini --acp`` from the pinned @google/gemini-cli bundle, run by node directly."""
+    package, version = GEMINI_CLI
+    install(package, version)
+    entry = package_dir(package, version) / "bundle" / "gemini.js"
+    if not entry.is_file():
+        raise RuntimeError(f"{entry} is missing")
+    return [shutil.which("node") or "node", str(entry), "--acp"]
+
+
+def qwen_command() -> list[str]:
+    """``qwen --acp`` from the pinned @qwen-code/qwen-code package, run by node directly."""
+    package, version = QWEN_CODE
+    install(package, version)
+    entry = package_dir(package, version) / "cli-entry.js"
+    if not entry.is_file():
+        raise RuntimeError(f"{entry} is missing")
+    return [shutil.which("node") or "node", str(entry), "--acp"]
+
+
 def codex_endpoint_args(provider: str, name: str, endpoint_url: str) -> list[str]:
     """codex-acp ``-c`` options that send its model calls to a fake OpenAI Responses endpoint.
 
@@ -224,6 +272,10 @@ def agent_commands() -> dict[str, list[str]]:
     }
     commands[f"goose@{GOOSE_VERSION}"] = [str(goose_binary()), "acp"]
     commands[f"codex-acp@{CODEX_ACP_VERSION}"] = [str(codex_acp_binary())]
+    commands[f"opencode@{OPENCODE_VERSION}"] = [str(opencode_binary()), "acp"]
+    commands[f"copilot@{COPILOT_VERSION}"] = [str(copilot_binary()), "--acp"]
+    commands[f"gemini-cli@{GEMINI_CLI[1]}"] = gemini_command()
+    commands[f"qwen-code@{QWEN_CODE[1]}"] = qwen_command()
     return commands
 
 

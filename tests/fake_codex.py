@@ -4,7 +4,8 @@ Like the real one it takes ``-c key=value`` overrides, names itself ``codex-acp`
 out session ids that are unique across processes, and ignores stdin EOF. Every process
 appends what it received to ``<record-dir>/<pid>.jsonl``; its first line holds its
 overrides. ``session/prompt`` answers with an ``agent_message_chunk`` naming the process's
-``developer_instructions`` and the contents of its ``model_instructions_file``.
+``developer_instructions`` (from ``-c``, else from ``$CODEX_HOME/config.toml``) and the
+contents of its ``model_instructions_file``.
 
 Test steering: a prompt whose text is ``hang`` is answered only by ``session/cancel``
 (stopReason ``cancelled``); ``ask`` first sends the client a ``fs/read_text_file``
@@ -63,6 +64,13 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
     record.write(json.dumps({"overrides": overrides}) + "\n")
     record.flush()
     developer = toml_string(overrides.get("developer_instructions", "")) or None
+    config = Path(os.environ.get("CODEX_HOME", "/nonexistent")) / "config.toml"
+    if developer is None and config.is_file():
+        # Like codex, a root key of CODEX_HOME/config.toml when no -c names it.
+        for line in config.read_text().splitlines():
+            key, _, value = line.partition(" = ")
+            if key == "developer_instructions":
+                developer = toml_string(value)
     base = None
     if "model_instructions_file" in overrides:
         base = Path(toml_string(overrides["model_instructions_file"])).read_text().strip()

@@ -345,9 +345,10 @@ async def test_a_process_without_live_sessions_is_stopped_after_the_idle_timeout
     async with codex_bridge(tmp_path, idle_timeout=0.2) as h:
         session = await h.new(override("short-lived"))
         pid = (await h.served_by(session))["pid"]
-        instructions = h.adapter.pool[SystemPrompt.from_wire(override("short-lived")).fingerprint()]
-        path = instructions.instructions_file
-        assert path is not None and path.exists()
+        pooled = h.adapter.pool[SystemPrompt.from_wire(override("short-lived")).fingerprint()]
+        assert pooled.private is not None
+        path = pooled.private.path / "instructions.md"
+        assert path.exists()
         await trio.sleep(0.4)
         assert pid_alive(pid)  # a live session keeps it running
         await h.client.request("session/close", {"sessionId": session})
@@ -363,8 +364,8 @@ async def test_override_instructions_file_is_private_to_the_user(tmp_path: Path)
     async with codex_bridge(tmp_path) as h:
         await h.new(override("secret persona"))
         (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
-        path = pooled.instructions_file
-        assert path is not None
+        assert pooled.private is not None
+        path = pooled.private.path / "instructions.md"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert path.read_text() == "secret persona"
@@ -437,3 +438,80 @@ async def test_load_right_after_close_waits_for_codex_to_release_the_session(
     loads = [m for m in h.received(served["pid"]) if m.get("method") == "session/load"]
     assert len(loads) >= 2  # the first attempt was refused, a retry succeeded
 
+
+
+# ------------------------------------------------------- append prompt off the command line
+
+
+@pytest.fixture
+def relay_tells_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay's AdapterContext.agent_environment(): the bridge's environment plus the
+    configured agent environment, as agent processes get it."""
+
+    def agent_environment(self: Bridge) -> dict[str, str]:
+        return {**os.environ, **self.options.agent_env}
+
+    monkeypatch.setattr(Bridge, "agent_environment", agent_environment, raising=False)
+
+
+async def test_append_prompt_goes_to_a_private_codex_home_not_argv(
+    tmp_path: Path, relay_tells_environment: None
+) -> None:
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('model = "gpt-5.4"\n\n[features]\nx = true\n')
+    (home / "auth.json").write_text("{}")
+    records = tmp_path / "records"
+    records.mkdir()
+    options = BridgeOptions(
+        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_env={"CODEX_HOME": str(home)},
+        shutdown_grace=0.3,
+    )
+    with trio.fail_after(TIMEOUT):
+        async with open_embedded_bridge(options, SessionStore(":memory:")) as embedded:
+            await embedded.client.request("initialize", {"protocolVersion": 1})
+            h = Harness(embedded.client, embedded.bridge, records)
+            session = await h.new(append('secret "rules"\nline two'))
+            identity = await h.served_by(session)
+            (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
+            assert pooled.private is not None
+            private = pooled.private.path
+            assert private.parent == home
+            assert stat.S_IMODE(private.stat().st_mode) == 0o700
+            config = private / "config.toml"
+            assert stat.S_IMODE(config.stat().st_mode) == 0o600
+            assert config.read_text().endswith('model = "gpt-5.4"\n\n[features]\nx = true\n')
+            assert (private / "auth.json").resolve() == home / "auth.json"
+            assert (private / "sessions").resolve() == home / "sessions"
+    assert identity["developer"] == 'secret "rules"\nline two'
+    assert h.overrides(identity["pid"]) == {}  # nothing on its command line
+    assert not private.exists()
+    assert sorted(p.name for p in home.iterdir()) == [
+        "archived_sessions",
+        "auth.json",
+        "config.toml",
+        "sessions",
+    ]
+
+
+async def test_a_users_own_developer_instructions_keep_the_command_line_route(
+    tmp_path: Path, relay_tells_environment: None
+) -> None:
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('developer_instructions = "mine"\n')
+    records = tmp_path / "records"
+    records.mkdir()
+    options = BridgeOptions(
+        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_env={"CODEX_HOME": str(home)},
+        shutdown_grace=0.3,
+    )
+    with trio.fail_after(TIMEOUT):
+        async with open_embedded_bridge(options, SessionStore(":memory:")) as embedded:
+            await embedded.client.request("initialize", {"protocolVersion": 1})
+            h = Harness(embedded.client, embedded.bridge, records)
+            identity = await h.served_by(await h.new(append("ours")))
+    assert identity["developer"] == "ours"
+    assert h.overrides(identity["pid"]) == {"developer_instructions": '"ours"'}

@@ -104,7 +104,7 @@ async def test_colliding_client_id_is_translated_and_cancel_follows_it(tmp_path:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(own_request)
                 await trio.testing.wait_all_tasks_blocked()
-                assert "acp-bridge-1" in bridge.primary.own
+                assert "acp-bridge-1" in bridge.router.hops[bridge.primary.hop].pending
                 # The client happens to pick the id of the bridge's own request in flight.
                 await wire.send({"jsonrpc": "2.0", "id": "acp-bridge-1", "method": "_test/hold",
                                  "params": {"from": "client"}})  # fmt: skip

@@ -374,6 +374,26 @@ async def test_chat_non_stream_and_content_part_system_and_developer() -> None:
             assert req.developer_texts() == ["DEV-MSG"]
 
 
+async def test_chat_title_call_answers_the_title_and_is_not_main() -> None:
+    # opencode names each session with its own call before the turn's main call; both
+    # carry the user's text, so only the system prompt tells them apart.
+    body = chat_body(stream=True)
+    body["messages"][0] = {
+        "role": "system",
+        "content": "You are a title generator. You output ONLY a thread title. Nothing else.",
+    }
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(delay=math.inf, title="Greeting") as endpoint:
+            # delay only holds main calls: the side call must still answer at once.
+            events = (await call(endpoint, "POST", "/v1/chat/completions", body)).sse()
+            text = "".join(
+                c["choices"][0]["delta"].get("content", "") for _, c in events[:-1] if c["choices"]
+            )
+            assert text == "Greeting"
+            assert [r.kind for r in endpoint.requests] == ["title"]
+            assert endpoint.main_requests() == []
+
+
 # -- OpenAI Responses --------------------------------------------------------------------
 
 
@@ -430,6 +450,81 @@ async def test_responses_non_stream_and_string_input() -> None:
             assert req.user_texts() == ["just a string"]
             assert req.developer_texts() == []
             assert req.system_text() == "BASE"
+
+
+# -- Gemini generateContent --------------------------------------------------------------
+
+
+def gemini_body(system: str | None = "GEMINI BASE\n\nMARKER-GEM") -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "<session_context>"}]},
+            {"role": "model", "parts": [{"text": "ok"}]},
+            {"role": "user", "parts": [{"text": "Say "}, {"text": "hello."}]},
+        ],
+        "generationConfig": {"temperature": 0},
+    }
+    if system is not None:
+        body["systemInstruction"] = {"role": "user", "parts": [{"text": system}]}
+    return body
+
+
+GEMINI_STREAM = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+
+
+async def test_gemini_stream_sends_sse_chunks_and_records_system_instruction() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(reply="gemini says hi") as endpoint:
+            answer = await call(
+                endpoint,
+                "POST",
+                GEMINI_STREAM,
+                gemini_body(),
+                headers=[("x-goog-api-key", "AIza-secret-key-123")],
+            )
+            assert answer.headers["content-type"] == "text/event-stream"
+            events = answer.sse()
+            assert all(name is None for name, _ in events)
+            chunks = [data for _, data in events]
+            text = "".join(c["candidates"][0]["content"]["parts"][0]["text"] for c in chunks)
+            assert text == "gemini says hi"
+            assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+            assert chunks[-1]["usageMetadata"]["totalTokenCount"] > 0
+            assert all("finishReason" not in c["candidates"][0] for c in chunks[:-1])
+
+            (req,) = endpoint.main_requests("gemini")
+            assert req.stream and req.query == "alt=sse"
+            assert req.system_text() == "GEMINI BASE\n\nMARKER-GEM"
+            assert req.user_texts() == ["<session_context>", "Say hello."]
+            assert req.last_user_text() == "Say hello."
+            assert req.headers["x-goog-api-key"] == "AIza-secre..."
+
+
+async def test_gemini_side_calls_get_json_and_are_not_main() -> None:
+    body = gemini_body(system="You are a router.")
+    body["generationConfig"] = {"responseMimeType": "application/json", "responseJsonSchema": {}}
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(reply="main text") as endpoint:
+            answer = await call(endpoint, "POST", "/v1beta/models/m:generateContent", body)
+            text = answer.json()["candidates"][0]["content"]["parts"][0]["text"]
+            assert json.loads(text)["next_speaker"] == "user"
+            counted = await call(endpoint, "POST", "/v1beta/models/m:countTokens", body)
+            assert counted.json()["totalTokens"] > 0
+            assert endpoint.main_requests() == []
+            kinds = [(r.flavour, r.kind) for r in endpoint.requests]
+            assert kinds == [("gemini", "other"), ("gemini", "count_tokens")]
+
+
+async def test_gemini_without_system_instruction_has_an_empty_slot() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_model_endpoint(reply="plain") as endpoint:
+            answer = await call(
+                endpoint, "POST", "/v1beta/models/m:generateContent", gemini_body(None)
+            )
+            assert answer.json()["candidates"][0]["finishReason"] == "STOP"
+            (req,) = endpoint.main_requests()
+            assert req.system_blocks() == [] and req.system_text() == ""
+            assert not req.stream
 
 
 # -- HTTP behaviour ----------------------------------------------------------------------
@@ -697,6 +792,8 @@ def record(
         ("/api/v1/chat/completions?x=1", "openai-chat"),
         ("/v1/responses", "openai-responses"),
         ("/responses", "openai-responses"),
+        ("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", "gemini"),
+        ("/models/x:generateContent", "gemini"),
     ],
 )
 def test_routing_is_by_path_suffix_under_any_prefix(target: str, flavour: str) -> None:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import stat
+import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,18 +19,32 @@ import trio
 from acp_bridge.client import ClientRequestError, connect
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.relay import BridgeOptions
-from acp_bridge.serve import ListenAddress, ListenError, Server, check_token, serve
+from acp_bridge.serve import (
+    ListenAddress,
+    ListenError,
+    ServeLimits,
+    Server,
+    check_token,
+    open_listeners,
+    serve,
+)
 from acp_bridge.store import SessionStore
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
 
 
-def make_server(tmp_path: Path, token: str | None = None) -> Server:
-    options = BridgeOptions(
-        agent_argv=[sys.executable, FAKE_AGENT, "--record", str(tmp_path / "agent.log")],
-        shutdown_grace=0.5,
-    )
-    return Server(options, SessionStore(":memory:"), AdapterRegistry(), token)
+def make_server(
+    tmp_path: Path,
+    token: str | None = None,
+    *,
+    limits: ServeLimits | None = None,
+    pidfile: bool = False,
+) -> Server:
+    argv = [sys.executable, FAKE_AGENT, "--record", str(tmp_path / "agent.log")]
+    if pidfile:
+        argv += ["--pidfile", str(tmp_path / "agent.pid")]
+    options = BridgeOptions(agent_argv=argv, shutdown_grace=0.5)
+    return Server(options, SessionStore(":memory:"), AdapterRegistry(), token, limits)
 
 
 def test_listen_address_parsing() -> None:
@@ -99,3 +119,215 @@ async def test_tcp_connection_without_the_token_is_refused(tmp_path: Path) -> No
     # Only the authenticated connection reached an agent, and without the token.
     received = (tmp_path / "agent.log").read_text().splitlines()
     assert len(received) == 1 and "s3cret" not in received[0]
+
+
+# --------------------------------------------------------------- bounds and hardening
+
+
+async def receive_all(stream: trio.abc.ReceiveStream) -> bytes:
+    """Everything the server writes until it closes the connection."""
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    return data
+
+
+@asynccontextmanager
+async def running(server: Server, address: ListenAddress) -> AsyncIterator[ListenAddress]:
+    """``serve`` in the background; yields the address it really listens on."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve, server, address)
+        if address.scheme == "tcp":
+            port = listeners[0].socket.getsockname()[1]
+            address = ListenAddress("tcp", host="127.0.0.1", port=port)
+        yield address
+        nursery.cancel_scope.cancel()
+
+
+async def open_stream(address: ListenAddress) -> trio.SocketStream:
+    if address.scheme == "unix":
+        return await trio.open_unix_socket(address.path)
+    return await trio.open_tcp_stream(address.host, address.port)
+
+
+TCP = ListenAddress("tcp", host="127.0.0.1")
+
+
+async def test_a_peer_that_never_sends_initialize_is_cut_off(tmp_path: Path) -> None:
+    server = make_server(tmp_path, token="s3cret", limits=ServeLimits(initialize_deadline=0.5))
+    with trio.fail_after(10):
+        async with running(server, TCP) as address:
+            idle = await open_stream(address)
+            slow = await open_stream(address)
+            await slow.send_all(b'{"jsonrpc":"2.0",')  # and never the rest
+            start = trio.current_time()
+            answers = [await receive_all(idle), await receive_all(slow)]
+            elapsed = trio.current_time() - start
+    assert elapsed < 2
+    for answer in answers:
+        error = json.loads(answer)
+        assert error["id"] is None and error["error"]["code"] == -32000
+        assert "no initialize request within 0.5s" in error["error"]["message"]
+
+
+async def test_connections_over_the_cap_are_refused(tmp_path: Path) -> None:
+    server = make_server(tmp_path, limits=ServeLimits(max_connections=2))
+    with trio.fail_after(10):
+        async with running(server, TCP) as address:
+            held = [await open_stream(address) for _ in range(2)]
+            await trio.sleep(0.2)
+            extra = await open_stream(address)
+            refusal = json.loads(await receive_all(extra))
+            assert "limit of 2 connections" in refusal["error"]["message"]
+            # A slot freed is a slot to use again.
+            await held.pop().aclose()
+            await trio.sleep(0.2)
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                await client.request("initialize", {"protocolVersion": 1})
+            await stream.aclose()
+
+
+async def test_the_first_line_has_a_small_limit_before_authentication(tmp_path: Path) -> None:
+    server = make_server(tmp_path, token="s3cret")
+    with trio.fail_after(10):
+        async with running(server, TCP) as address:
+            stream = await open_stream(address)
+            # 100 KiB without a newline: well under the 64 MiB line limit, over the preamble's.
+            with suppress(trio.BrokenResourceError):
+                await stream.send_all(b"x" * (100 * 1024))
+            refusal = json.loads(await receive_all(stream))
+    assert refusal["error"]["code"] == -32000
+    assert "at most 65536 bytes" in refusal["error"]["message"]
+
+
+async def test_a_second_server_does_not_take_over_a_live_unix_socket(tmp_path: Path) -> None:
+    address = ListenAddress("unix", path=str(tmp_path / "bridge.sock"))
+    with trio.fail_after(10):
+        async with running(make_server(tmp_path), address):
+            with pytest.raises(OSError, match="another server is listening"):
+                await open_listeners(address)
+            # The first server still answers on its socket.
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                await client.request("initialize", {"protocolVersion": 1})
+            await stream.aclose()
+
+
+async def test_a_stale_unix_socket_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens
+    with trio.fail_after(10):
+        async with running(make_server(tmp_path), ListenAddress("unix", path=str(path))) as address:
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                await client.request("initialize", {"protocolVersion": 1})
+            await stream.aclose()
+
+
+async def test_the_agent_environment_has_no_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACP_BRIDGE_TOKEN", "s3cret")
+    server = make_server(tmp_path, token="s3cret", pidfile=True)
+    with trio.fail_after(20):
+        async with running(server, TCP) as address:
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": "s3cret"}}}
+                await client.request("initialize", params)
+                pid = int((tmp_path / "agent.pid").read_text())
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            await stream.aclose()
+    assert b"ACP_BRIDGE_TOKEN" not in environ and b"s3cret" not in environ
+
+
+async def test_a_token_sent_to_a_server_without_one_does_not_reach_the_agent(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(20):
+        async with running(make_server(tmp_path), TCP) as address:
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": "s3cret"}}}
+                await client.request("initialize", params)
+            await stream.aclose()
+    received = (tmp_path / "agent.log").read_text()
+    assert "initialize" in received and "s3cret" not in received
+
+
+async def test_an_odd_but_valid_initialize_does_not_stop_the_server(tmp_path: Path) -> None:
+    server = make_server(tmp_path, token="s3cret")
+    # A lone surrogate escape is valid JSON; the line without the token is written again.
+    line = (
+        b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,'
+        b'"clientInfo":{"name":"\\ud800"},"_meta":{"acp-bridge":{"token":"s3cret"}}}}\n'
+    )
+    with trio.fail_after(20):
+        async with running(server, TCP) as address:
+            for _ in range(2):
+                stream = await open_stream(address)
+                await stream.send_all(line)
+                answer = json.loads((await stream.receive_some(65536)).splitlines()[0])
+                assert answer["id"] == 1 and "result" in answer
+                await stream.aclose()
+
+
+async def test_a_probe_that_connects_and_leaves_starts_no_agent(tmp_path: Path) -> None:
+    # What a Kubernetes tcpSocket probe does, every few seconds.
+    with trio.fail_after(10):
+        async with running(make_server(tmp_path, pidfile=True), TCP) as address:
+            for _ in range(3):
+                await (await open_stream(address)).aclose()
+            await trio.sleep(0.5)
+    assert not (tmp_path / "agent.pid").exists()
+
+
+def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    socket_path = tmp_path / "s.sock"
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv += ["--listen", f"unix:{socket_path}", "--token", "s3cret", "--", sys.executable]
+    with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "listening on" in line:
+                break
+        process.terminate()
+        process.wait(10)
+    assert any("visible to every local user" in line for line in seen), seen
+
+
+async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    socket_path = tmp_path / "s.sock"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("ACP_BRIDGE_TOKEN", None)
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv += ["--listen", f"unix:{socket_path}", "--token-file", str(token_file)]
+    argv += ["--max-connections", "4", "--", sys.executable, FAKE_AGENT]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(partial(trio.run_process, argv, env=env, check=False))
+        try:
+            with trio.fail_after(20):
+                while not socket_path.exists():
+                    await trio.sleep(0.05)
+                answers = []
+                for token in ("wrong", "from-a-file"):
+                    stream = await trio.open_unix_socket(str(socket_path))
+                    async with connect(stream, stream) as client:
+                        params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": token}}}
+                        try:
+                            answers.append(await client.request("initialize", params))
+                        except ClientRequestError as exc:
+                            answers.append(exc.code)
+                    await stream.aclose()
+        finally:
+            process.terminate()
+    assert answers[0] == -32000
+    assert answers[1]["protocolVersion"] == 1

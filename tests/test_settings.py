@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,16 @@ def test_shipped_defaults_load(no_user_file: dict[str, str]) -> None:
     assert bridge.log_level == "warning"
     assert bridge.trace is None
     assert bridge.trace_prompts is False
-    assert set(config.agents) == {"claude", "claude-legacy", "goose", "codex"}
+    assert set(config.agents) == {
+        "claude",
+        "claude-legacy",
+        "goose",
+        "codex",
+        "gemini",
+        "qwen",
+        "opencode",
+        "copilot",
+    }
     assert len(config.sources) == 2
 
 
@@ -155,11 +165,43 @@ def test_codex_preset_points_codex_at_the_responses_endpoint(
     ]
 
 
+def test_opencode_preset_names_the_endpoint_in_opencodes_inline_config(
+    no_user_file: dict[str, str],
+) -> None:
+    opencode = load_config(environ=no_user_file).agent("opencode")
+    assert opencode.adapter == "opencode"
+    assert opencode.resolved_command({}) == ["npx", "-y", "opencode-ai@1.18.33", "acp"]
+    verify = verify_of(opencode)
+    assert verify.endpoint == "openai-chat"
+    env = verify.resolved_env(VERIFY_VARS)
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    (provider,) = config["provider"].values()
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:4242/v1"
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert config["model"] == config["small_model"]
+    assert env["HOME"] == "/v" and env["XDG_DATA_HOME"] == "/v/.local/share"
+
+
+def test_copilot_preset_uses_copilots_own_provider_mode(no_user_file: dict[str, str]) -> None:
+    copilot = load_config(environ=no_user_file).agent("copilot")
+    assert copilot.adapter == "copilot"
+    assert copilot.resolved_command({}) == ["npx", "-y", "@github/copilot@1.0.102", "--acp"]
+    verify = verify_of(copilot)
+    assert verify.endpoint == "openai-chat"
+    env = verify.resolved_env(VERIFY_VARS)
+    assert env["COPILOT_PROVIDER_BASE_URL"] == "http://127.0.0.1:4242/v1"
+    assert env["COPILOT_OFFLINE"] == "true"
+    assert env["COPILOT_PKG_CACHE_HOME"] == "/home/u/.cache/copilot"
+    assert env["HOME"] == "/v"
+
+
 def test_unknown_preset_error_lists_known_names(no_user_file: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_config(environ=no_user_file).agent("gemini")
-    assert "'gemini'" in str(caught.value)
-    assert "claude, claude-legacy, codex, goose" in str(caught.value)
+        load_config(environ=no_user_file).agent("cline")
+    assert "'cline'" in str(caught.value)
+    assert "claude, claude-legacy, codex, copilot, gemini, goose, opencode, qwen" in str(
+        caught.value
+    )
 
 
 # --- user files ------------------------------------------------------------------------
@@ -258,7 +300,7 @@ bridge:
 agents:
   new-agent:
     args: [x]
-    verify: {endpoint: gemini}
+    verify: {endpoint: bedrock}
 """,
     )
     with pytest.raises(ConfigError) as caught:

@@ -153,16 +153,29 @@ def test_a_message_nested_as_deep_as_parse_allows_can_be_encoded_from_a_deeper_s
     assert json.loads(raw)["params"] == frame.message["params"]
 
 
-@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"1" + b"0" * 400 + b".5"])
-def test_a_number_out_of_float_range_is_a_parse_error_not_infinity_later(number: bytes) -> None:
-    with pytest.raises(jsonrpc.FrameError) as caught:
-        jsonrpc.parse(b'{"jsonrpc":"2.0","id":1,"method":"x","params":[' + number + b"]}")
-    assert caught.value.code == jsonrpc.PARSE_ERROR
+@pytest.mark.parametrize(
+    ("number", "written"),
+    [(b"1e400", b"1e999"), (b"-1e400", b"-1e999"), (b"1" + b"0" * 400 + b".5", b"1e999")],
+)
+def test_a_number_out_of_float_range_is_written_back_as_json(number: bytes, written: bytes) -> None:
+    frame = jsonrpc.parse(b'{"jsonrpc":"2.0","id":1,"method":"x","params":[' + number + b"]}")
+    raw = jsonrpc.encode({**frame.message, "id": 2})
+    assert raw == b'{"jsonrpc":"2.0","id":2,"method":"x","params":[' + written + b"]}"
 
 
-def test_encode_never_writes_nan_or_infinity() -> None:
+def test_encode_never_writes_nan() -> None:
     with pytest.raises(ValueError):
-        jsonrpc.encode({"x": float("inf")})
+        jsonrpc.encode({"x": float("nan")})
+
+
+def test_an_out_of_range_number_nested_as_deep_as_parse_allows_can_be_encoded() -> None:
+    depth = deepest_accepted() - 2
+    frame = jsonrpc.parse(nested(depth).replace(b"[]", b"[1e400]"))
+
+    def encode_at(level: int) -> bytes:
+        return encode_at(level - 1) if level else jsonrpc.encode({**frame.message, "id": 2})
+
+    assert b"[1e999]" in encode_at(100)
 
 
 def test_trace_records_a_line_nested_too_deep_to_parse(tmp_path: Path) -> None:

@@ -1,12 +1,15 @@
 """The embedded local model endpoint: fake LLM APIs on 127.0.0.1 that record every request.
 
-Real agents (claude-agent-acp, goose, codex-acp) can be pointed at it to run offline, and
-tests or ``acp-bridge verify`` then assert what the model received in its system slot.
-One endpoint serves all three wire formats at once, routed by path:
+Real agents (claude-agent-acp, goose, codex-acp, gemini-cli, qwen-code) can be pointed at
+it to run offline, and tests or ``acp-bridge verify`` then assert what the model received
+in its system slot.
+One endpoint serves every wire format at once, routed by path:
 
 * Anthropic Messages: ``POST …/v1/messages`` (+ ``/count_tokens``)
 * OpenAI Chat Completions: ``POST …/v1/chat/completions``
 * OpenAI Responses: ``POST …/v1/responses``
+* Gemini: ``POST …/models/<model>:streamGenerateContent`` (SSE), ``:generateContent``,
+  ``:countTokens``
 * ``GET …/v1/models`` and ``HEAD /`` for clients that probe first.
 """
 

@@ -1,7 +1,8 @@
 """What the model received: one recorded HTTP request, classified, with its system slot.
 
 This module owns the meaning of a request body, sans-IO. It decides which API flavour a
-request speaks (Anthropic Messages, OpenAI Chat Completions, OpenAI Responses), whether it
+request speaks (Anthropic Messages, OpenAI Chat Completions, OpenAI Responses, Gemini
+``generateContent``), whether it
 is the agent's main model call or a side call (session title, prompt suggestion, token
 count), and how to read the system slot of each flavour as text. The server only feeds it
 method, path, headers and the parsed body.
@@ -14,15 +15,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-Flavour = Literal["anthropic", "openai-chat", "openai-responses", "other"]
+Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini", "other"]
 Kind = Literal["main", "title", "suggestion", "count_tokens", "other"]
 
-FLAVOURS: Final[tuple[Flavour, ...]] = ("anthropic", "openai-chat", "openai-responses", "other")
+FLAVOURS: Final[tuple[Flavour, ...]] = (
+    "anthropic",
+    "openai-chat",
+    "openai-responses",
+    "gemini",
+    "other",
+)
+
+# Gemini methods are a suffix of the model's path segment: ``models/<m>:<method>``.
+GEMINI_GENERATE: Final = (":streamGenerateContent", ":generateContent")
+GEMINI_COUNT_TOKENS: Final = ":countTokens"
 
 # Side calls newer Claude Code CLIs make on /v1/messages besides the agent's turn. They
 # are recognised by fixed texts the CLI puts in them: the title call has its own system
 # prompt, the suggestion call reuses the main system prompt and ends with this request.
 TITLE_SYSTEM_MARKERS: Final = ("You are naming a coding session",)
+# opencode's session-title call on /chat/completions (its hidden ``title`` agent); it
+# carries the user's text like the main call, so only its system prompt tells it apart.
+CHAT_TITLE_SYSTEM_STARTS: Final = ("You are a title generator.",)
 SUGGESTION_USER_MARKERS: Final = ("Reply with ONLY the suggestion",)
 
 # Credentials are kept only as a short prefix: enough to tell which key a client sent,
@@ -54,6 +68,12 @@ def classify(method: str, path: str, headers: Mapping[str, str], body: Any) -> t
     client says so with its ``anthropic-version`` header.
     """
     method = method.upper()
+    if path.endswith(GEMINI_COUNT_TOKENS):
+        return "gemini", "count_tokens"
+    if path.endswith(GEMINI_GENERATE):
+        if method != "POST":
+            return "gemini", "other"
+        return "gemini", _gemini_kind(body)
     if path.endswith("/messages/count_tokens"):
         return "anthropic", "count_tokens"
     if path.endswith("/messages"):
@@ -61,7 +81,7 @@ def classify(method: str, path: str, headers: Mapping[str, str], body: Any) -> t
             return "anthropic", "other"
         return "anthropic", _anthropic_kind(body)
     if path.endswith("/chat/completions"):
-        return "openai-chat", "main" if method == "POST" else "other"
+        return "openai-chat", _chat_kind(body) if method == "POST" else "other"
     if path.endswith("/responses"):
         # Codex probes GET /responses for a WebSocket upgrade before using HTTP POST.
         return "openai-responses", "main" if method == "POST" else "other"
@@ -80,6 +100,50 @@ def _anthropic_kind(body: Any) -> Kind:
     if users and any(marker in users[-1] for marker in SUGGESTION_USER_MARKERS):
         return "suggestion"
     return "main"
+
+
+def _chat_kind(body: Any) -> Kind:
+    if not isinstance(body, dict):
+        return "main"
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if isinstance(first, dict) and first.get("role") == "system":
+        system = content_text(first.get("content"))
+        if system.startswith(CHAT_TITLE_SYSTEM_STARTS):
+            return "title"
+    return "main"
+
+
+def _gemini_kind(body: Any) -> Kind:
+    """gemini-cli's own side calls (routing classifier, next-speaker check, ...) ask for a
+    JSON answer; the agent's turn does not."""
+    if not isinstance(body, dict):
+        return "other"
+    config = body.get("generationConfig")
+    if isinstance(config, dict) and (
+        config.get("responseMimeType") == "application/json"
+        or "responseJsonSchema" in config
+        or "responseSchema" in config
+    ):
+        return "other"
+    return "main"
+
+
+def gemini_parts_text(content: Any) -> str:
+    """Text of a Gemini ``Content`` (``{role, parts: [{text}]}``) or a bare string.
+
+    Parts are concatenated without a separator: that is how the model reads them.
+    """
+    if isinstance(content, str):
+        return content
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not isinstance(parts, list):
+        return ""
+    return "".join(
+        part["text"]
+        for part in parts
+        if isinstance(part, dict) and isinstance(part.get("text"), str) and not part.get("thought")
+    )
 
 
 def content_text(content: Any, part_types: Iterable[str] = ("text",)) -> str:
@@ -173,6 +237,8 @@ class RecordedRequest:
 
     @property
     def stream(self) -> bool:
+        if self.flavour == "gemini":
+            return self.path.endswith(":streamGenerateContent")
         return isinstance(self.body, dict) and self.body.get("stream") is True
 
     def _field(self, name: str) -> Any:
@@ -192,7 +258,11 @@ class RecordedRequest:
         * Anthropic: the ``system`` string, or the text of each ``system`` block.
         * Chat Completions: each ``system`` or ``developer`` message.
         * Responses: ``instructions``, then each ``system``/``developer`` input message.
+        * Gemini: the text of ``systemInstruction``.
         """
+        if self.flavour == "gemini":
+            text = gemini_parts_text(self._field("systemInstruction"))
+            return [text] if text else []
         if self.flavour == "anthropic":
             return _anthropic_system_blocks(self._field("system"))
         if self.flavour == "openai-chat":
@@ -239,6 +309,14 @@ class RecordedRequest:
             return _message_texts(self._field("messages"), ("user",), ("text",))
         if self.flavour == "openai-responses":
             return _message_texts(self._input_items(), ("user",), _RESPONSES_PARTS)
+        if self.flavour == "gemini":
+            contents = self._field("contents")
+            texts = [
+                gemini_parts_text(item)
+                for item in (contents if isinstance(contents, list) else [])
+                if isinstance(item, dict) and item.get("role", "user") == "user"
+            ]
+            return [text for text in texts if text]
         return []
 
     def last_user_text(self) -> str:

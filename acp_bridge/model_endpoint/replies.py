@@ -10,6 +10,10 @@ claude-agent-acp 0.23.1, goose 1.52.0 and codex-acp 0.16.0), no more:
 * Responses: ``response.created`` → ``response.output_item.added`` →
   ``response.output_text.delta`` (n times) → ``response.output_item.done`` → ``response.completed``.
   Codex only finishes a turn when the stream ends, so every stream closes the connection.
+* Gemini ``streamGenerateContent?alt=sse``: ``data:`` chunks, each a whole
+  ``GenerateContentResponse``, the last with ``finishReason`` and ``usageMetadata``
+  (measured on gemini-cli 0.61.0). Its side calls ask for JSON and get one object that
+  satisfies each of its parsers (routing classifier, next-speaker check).
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ def reply_for(request: RecordedRequest, text: str, title: str = DEFAULT_TITLE) -
         return error_reply(400, "invalid_request_error", request.body_error)
     if request.flavour != "other" and not isinstance(request.body, dict):
         return error_reply(400, "invalid_request_error", "request body must be a JSON object")
+    if request.flavour == "gemini" and request.kind == "count_tokens":
+        return json_reply(200, {"totalTokens": USAGE_INPUT_TOKENS})
     if request.kind == "count_tokens":
         size = len(json.dumps(request.body))
         return json_reply(200, {"input_tokens": max(1, size // 4)})
@@ -93,10 +99,14 @@ def reply_for(request: RecordedRequest, text: str, title: str = DEFAULT_TITLE) -
             # The CLI parses the title call's text as JSON and wants a ``title`` key.
             text = json.dumps({"title": title})
         return anthropic_reply(request, text, seq)
+    if request.flavour == "openai-chat" and request.kind == "title":
+        return chat_reply(request, title, seq)
     if request.flavour == "openai-chat" and request.kind == "main":
         return chat_reply(request, text, seq)
     if request.flavour == "openai-responses" and request.kind == "main":
         return responses_reply(request, text, seq)
+    if request.flavour == "gemini":
+        return gemini_reply(request, text if request.kind == "main" else GEMINI_SIDE_ANSWER)
     return error_reply(404, "not_found_error", f"no such endpoint: POST {request.path}")
 
 
@@ -320,3 +330,38 @@ def responses_reply(request: RecordedRequest, text: str, seq: int) -> Reply:
     events.append({"type": "response.completed", "response": completed})
     numbered = [{**event, "sequence_number": n} for n, event in enumerate(events)]
     return Reply(200, "text/event-stream", tuple(sse(e, e["type"]) for e in numbered), True)
+
+
+# -- Gemini generateContent --------------------------------------------------------------
+
+# gemini-cli's side calls want JSON: the model router reads ``model_choice`` (and a
+# reasoning text), the next-speaker check reads ``next_speaker``. "user" ends the turn.
+GEMINI_SIDE_ANSWER: Final = json.dumps(
+    {"reasoning": "acp-bridge model endpoint", "model_choice": "flash", "next_speaker": "user"}
+)
+GEMINI_MODEL: Final = "gemini-2.5-flash"
+
+
+def gemini_reply(request: RecordedRequest, text: str) -> Reply:
+    usage = {
+        "promptTokenCount": USAGE_INPUT_TOKENS,
+        "candidatesTokenCount": USAGE_OUTPUT_TOKENS,
+        "totalTokenCount": USAGE_INPUT_TOKENS + USAGE_OUTPUT_TOKENS,
+    }
+
+    def chunk(piece: str, last: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {
+            "content": {"role": "model", "parts": [{"text": piece}]},
+            "index": 0,
+        }
+        response: dict[str, Any] = {"candidates": [candidate], "modelVersion": GEMINI_MODEL}
+        if last:
+            candidate["finishReason"] = "STOP"
+            response["usageMetadata"] = usage
+        return response
+
+    if not request.stream:
+        return json_reply(200, chunk(text, True))
+    pieces = split_text(text)
+    events = [sse(chunk(piece, i == len(pieces) - 1)) for i, piece in enumerate(pieces)]
+    return Reply(200, "text/event-stream", tuple(events), True)

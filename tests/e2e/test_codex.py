@@ -9,6 +9,7 @@ temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,9 +26,13 @@ import agents
 import pytest
 import trio
 from conftest import run_verify  # tests/agents.py: installs and caches the pinned agents
+from pooled_agent import processes_with_env
 
 from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.relay import BridgeOptions
+from acp_bridge.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 
@@ -65,9 +70,12 @@ def codex_home() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[int]:
-    """Pids of live processes whose environment names this CODEX_HOME: codex-acp and
-    whatever it started (``only_codex``: the codex-acp processes themselves)."""
+def processes_with_home(
+    codex_home: Path, *, only_codex: bool = False, exact: bool = False
+) -> list[int]:
+    """Pids of live processes whose environment names this CODEX_HOME (or a private home
+    the bridge made inside it): codex-acp and whatever it started (``only_codex``: the
+    codex-acp processes themselves)."""
     marker = f"CODEX_HOME={codex_home}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -79,7 +87,8 @@ def processes_with_home(codex_home: Path, *, only_codex: bool = False) -> list[i
             command = (entry / "cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if marker not in environ or state == "Z":
+        named = marker in environ if exact else any(e.startswith(marker) for e in environ)
+        if not named or state == "Z":
             continue
         if not only_codex or command.endswith(b"/codex-acp"):
             found.append(int(entry.name))
@@ -313,3 +322,56 @@ async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: 
     assert report.table.count("PASS") >= 8
     assert "SKIP" in report.table  # codex-acp 0.16 has no session/fork
     assert "LIMIT" in report.table  # a changed append prompt cannot reach a stored session
+
+
+async def test_append_prompt_stays_off_every_command_line(
+    codex: CodexSetup, tmp_path: Path
+) -> None:
+    """The append text goes to a private CODEX_HOME whose config.toml holds it, and the
+    sessions stay in the user's CODEX_HOME."""
+    marker = "MARKER-PRIVATE-APPEND-7"
+    options = BridgeOptions(
+        agent_argv=[
+            str(codex.binary),
+            *agents.codex_endpoint_args(PROVIDER, "test", codex.endpoint.url),
+            "-c",
+            "approval_policy=never",
+            "-c",
+            "sandbox_mode=read-only",
+        ],
+        agent_env={"CODEX_HOME": str(codex.home), "FAKE_OPENAI_API_KEY": "sk-acp-bridge-test"},
+        shutdown_grace=0.5,
+    )
+
+    @asynccontextmanager
+    async def bridge() -> AsyncIterator[AcpClient]:
+        async with open_embedded_bridge(options, SessionStore(codex.state)) as embedded:
+            await embedded.client.request("initialize", {"protocolVersion": 1})
+            yield embedded.client
+
+    with trio.fail_after(TIMEOUT * 2):
+        async with bridge() as client:
+            plain = await new_session(client, tmp_path)
+            appended = await new_session(client, tmp_path, append(marker + "\nsecond line"))
+            first = await ask(codex, client, appended)
+            await ask(codex, client, plain)
+            # The primary in the user's CODEX_HOME, the prompt's process in a private one.
+            assert len(processes_with_home(codex.home, only_codex=True, exact=True)) == 1
+            assert processes_with_env(f"CODEX_SQLITE_HOME={codex.home}")
+            for pid in Path("/proc").iterdir():
+                with contextlib.suppress(OSError):
+                    assert marker.encode() not in (pid / "cmdline").read_bytes(), pid
+            listed = await client.request("session/list", {})
+            assert appended in json.dumps(listed)
+        # A restart: the stored prompt brings the session back to a private home.
+        async with bridge() as client:
+            await client.request(
+                "session/load", {"sessionId": appended, "cwd": str(tmp_path), "mcpServers": []}
+            )
+            await client.request("session/resume", {"sessionId": plain, "cwd": str(tmp_path)})
+            again = await ask(codex, client, appended)
+            plain_again = await ask(codex, client, plain)
+    assert has_developer(first, marker + "\nsecond line") and default_instructions(first)
+    assert has_developer(again, marker + "\nsecond line") and default_instructions(again)
+    assert not any(marker in t for t in plain_again.developer_texts())
+    assert not [p for p in codex.home.iterdir() if p.name.startswith("acp-bridge-")]

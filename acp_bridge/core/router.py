@@ -1,0 +1,495 @@
+"""The router: where each frame goes, under which id, and when.
+
+:class:`Router` is the bridge's protocol state for one client connection and its agent
+connections ("hops"; hop 0 is the primary agent process). It owns
+
+* the pending-request table of every hop (:mod:`acp_bridge.core.pending`), for single
+  messages and batch members alike, in both directions;
+* the client-facing ids of requests the agents send to the client, and the translation of
+  ``$/cancel_request`` both ways (a cancel without ``requestId`` passes as it came);
+* the order of client frames while interceptions are in progress
+  (:mod:`acp_bridge.core.ordering`).
+
+It does no I/O. Bytes for a peer go to the ``sink`` callable it is given, in the order the
+peer must receive them; a frame the router does not change is passed as the very bytes it
+arrived as. What the runtime must do besides writing is returned as events: start an
+interception (:class:`Intercept`), hand an answer to a waiter (:class:`Answered`), or tell a
+waiter its request is lost with the agent process (:class:`Abandoned`).
+
+Which agent process a non-intercepted frame goes to is the adapter's decision, asked
+through ``route`` only while more than one process runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from acp_bridge import jsonrpc
+from acp_bridge.core.ordering import CONNECTION, Gate, Key, request_key, session_key
+from acp_bridge.core.pending import ForWaiter, FromClient, PendingTable
+from acp_bridge.jsonrpc import (
+    CANCEL_REQUEST,
+    Frame,
+    JsonObject,
+    Kind,
+    RequestId,
+    classify_message,
+    is_request_id,
+)
+
+log = logging.getLogger("acp_bridge.router")
+
+CLIENT: Final = -1
+PRIMARY: Final = 0
+
+Sink: TypeAlias = Callable[[int, bytes], None]
+Route: TypeAlias = Callable[[str, Any], "int | None"]
+
+INITIALIZE: Final = "initialize"
+# Intercepted session/prompt holds its session only until forwarded (see ordering).
+SESSION_PROMPT: Final = "session/prompt"
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "The agent exited."
+    if status < 0:
+        return f"The agent was killed by signal {-status}."
+    return f"The agent exited with status {status}."
+
+
+@dataclass(frozen=True, slots=True)
+class Intercept:
+    """Start handling an intercepted client request; answer it with :meth:`Router.answer`."""
+
+    token: int
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The answer to a request a waiter sent (:meth:`Router.forward` / :meth:`Router.request`)."""
+
+    waiter: int
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """The agent process a waiter's request went to is gone; ``status`` is its exit status."""
+
+    waiter: int
+    status: int | None
+
+
+Event: TypeAlias = Intercept | Answered | Abandoned
+
+
+@dataclass(slots=True)
+class Hop:
+    """One agent connection: its requests in flight, and whether it is gone."""
+
+    pending: PendingTable = field(default_factory=PendingTable)
+    closed: bool = False
+    status: int | None = None
+
+
+@dataclass(slots=True)
+class Interception:
+    frame: Frame
+    forwarded_as: tuple[int, RequestId] | None = None
+
+
+def _single_kind(message: Any) -> Kind | None:
+    """A batch member's kind by the rules of :func:`jsonrpc.classify_message`; None: malformed."""
+    if not isinstance(message, dict):
+        return None
+    try:
+        return classify_message(message, b"").kind
+    except jsonrpc.FrameError:
+        return None
+
+
+class Router:
+    """Routes the frames of one client connection to and from its agent processes."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.hops: dict[int, Hop] = {PRIMARY: Hop()}
+        self.intercepted: frozenset[str] = frozenset({INITIALIZE})
+        """Client methods handed to the runtime (:class:`Intercept`) instead of relayed."""
+        self.route: Route | None = None
+        self.authenticate_params: Any = None
+        self.gate = Gate()
+        self._interceptions: dict[int, Interception] = {}
+        self._tokens = itertools.count(1)
+        # Client request id -> (hop, wire id): where it went, for $/cancel_request.
+        self._client_inflight: dict[RequestId, tuple[int, RequestId]] = {}
+        # Agent requests to the client: client-facing id -> (hop, the agent's id), and back.
+        self._agent_requests: dict[RequestId, tuple[int, RequestId]] = {}
+        self._agent_request_ids: dict[tuple[int, RequestId], RequestId] = {}
+        self._client_facing = PendingTable()
+
+    # ------------------------------------------------------------------ hops
+
+    def add_hop(self) -> int:
+        """A new agent process joins the connection; its hop number."""
+        hop = max(self.hops) + 1
+        self.hops[hop] = Hop()
+        return hop
+
+    def hop_closed(self, hop: int, status: int | None) -> list[Event]:
+        """An agent process is gone: fail what was in flight on it."""
+        state = self.hops[hop]
+        state.closed = True
+        state.status = status
+        events: list[Event] = []
+        for origin in state.pending.drain():
+            if isinstance(origin, FromClient):
+                self._client_inflight.pop(origin.client_id, None)
+                self._answer_error(
+                    origin.client_id,
+                    jsonrpc.INTERNAL_ERROR,
+                    describe_exit(status),
+                    {"exitStatus": status},
+                )
+            else:
+                events.append(Abandoned(origin.waiter, status))
+        for client_id, (owner, agent_id) in list(self._agent_requests.items()):
+            if owner == hop:
+                del self._agent_requests[client_id]
+                self._client_facing.resolve(client_id)
+                self._agent_request_ids.pop((hop, agent_id), None)
+        return events
+
+    def in_flight(self, hop: int) -> int:
+        return len(self.hops[hop].pending)
+
+    @property
+    def intercepting(self) -> bool:
+        """Whether an interception has not been answered yet."""
+        return bool(self._interceptions)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every client frame received so far has been passed on (or answered)."""
+        return not self.gate.waiting and all(
+            interception.forwarded_as is not None for interception in self._interceptions.values()
+        )
+
+    # --------------------------------------------------------- from the client
+
+    def receive_from_client(self, frame: Frame) -> list[Event]:
+        if self.gate.active and not self.gate.admit(frame):
+            return []
+        events: list[Event] = []
+        self._dispatch_client(frame, events)
+        return events
+
+    def _dispatch_client(self, frame: Frame, events: list[Event]) -> None:
+        kind = frame.kind
+        if kind is Kind.REQUEST:
+            method = frame.method
+            if method in self.intercepted and isinstance(frame.params, dict):
+                self._intercept(frame, events)
+                return
+            if method == "authenticate":
+                self.authenticate_params = frame.params
+            self._send_member(self._client_request(frame.message), frame.raw)
+        elif kind is Kind.NOTIFICATION:
+            self._send_member(self._client_notification(frame.message), frame.raw)
+        elif kind is Kind.RESPONSE:
+            self._send_member(self._client_response(frame.message), frame.raw)
+        else:
+            self._client_batch(frame)
+
+    def _send_member(self, routed: tuple[int, Any, bool] | None, raw: bytes) -> None:
+        if routed is not None:
+            hop, message, changed = routed
+            self.sink(hop, jsonrpc.encode(message) if changed else raw)
+
+    def _route(self, message: JsonObject) -> int:
+        if self.route is None or len(self.hops) == 1:
+            return PRIMARY
+        hop = self.route(message.get("method") or "", message.get("params"))
+        if hop is None or hop not in self.hops or self.hops[hop].closed:
+            return PRIMARY
+        return hop
+
+    def _client_request(self, message: JsonObject) -> tuple[int, Any, bool] | None:
+        client_id = message["id"]
+        hop = self._route(message)
+        state = self.hops[hop]
+        if state.closed:
+            self._answer_error(
+                client_id,
+                jsonrpc.INTERNAL_ERROR,
+                describe_exit(state.status),
+                {"exitStatus": state.status},
+            )
+            return None
+        wire_id = state.pending.register(client_id, FromClient(client_id))
+        self._client_inflight[client_id] = (hop, wire_id)
+        if wire_id == client_id:
+            return hop, message, False
+        return hop, {**message, "id": wire_id}, True
+
+    def _client_notification(self, message: JsonObject) -> tuple[int, Any, bool] | None:
+        params = message.get("params")
+        if (
+            message["method"] == CANCEL_REQUEST
+            and isinstance(params, dict)
+            and "requestId" in params
+            and is_request_id(params["requestId"])
+        ):
+            target = self._client_inflight.get(params["requestId"])
+            if target is not None:
+                hop, wire_id = target
+                if wire_id == params["requestId"]:
+                    return hop, message, False
+                return hop, {**message, "params": {**params, "requestId": wire_id}}, True
+        return self._route(message), message, False
+
+    def _client_response(self, message: JsonObject) -> tuple[int, Any, bool] | None:
+        target = self._agent_requests.pop(message["id"], None)
+        if target is None:
+            log.debug(
+                "the client answered an unknown request %r; passed to the agent", message["id"]
+            )
+            return PRIMARY, message, False
+        self._client_facing.resolve(message["id"])
+        hop, agent_id = target
+        self._agent_request_ids.pop((hop, agent_id), None)
+        if self.hops[hop].closed:
+            log.debug("dropped the client's answer to a request of an agent process that is gone")
+            return None
+        if agent_id == message["id"]:
+            return hop, message, False
+        return hop, {**message, "id": agent_id}, True
+
+    def _client_batch(self, frame: Frame) -> None:
+        members: list[Any] = frame.message
+        intercepted = [
+            member
+            for member in members
+            if isinstance(member, dict) and member.get("method") in self.intercepted
+        ]
+        if intercepted:
+            # Refused whole: answering part of it would split what the client sent as one.
+            errors = [
+                jsonrpc.error_response(
+                    member.get("id"),
+                    jsonrpc.INVALID_REQUEST,
+                    f"The method {member.get('method')} must not be sent in a batch."
+                    if member in intercepted
+                    else "The batch holds session requests, which must not be batched.",
+                )
+                for member in members
+                if isinstance(member, dict)
+                and "method" in member
+                and "id" in member
+                and is_request_id(member["id"])
+            ]
+            if errors:
+                self.sink(CLIENT, jsonrpc.encode(errors))
+            return
+        groups: dict[int, list[Any]] = {}
+        changed = False
+        for member in members:
+            kind = _single_kind(member)
+            routed: tuple[int, Any, bool] | None
+            if kind is Kind.REQUEST:
+                routed = self._client_request(member)
+            elif kind is Kind.NOTIFICATION:
+                routed = self._client_notification(member)
+            elif kind is Kind.RESPONSE:
+                routed = self._client_response(member)
+            else:
+                # The bridge answers a malformed member itself: nothing but JSON-RPC reaches
+                # the agent, and the batch's other members still go.
+                self._answer_error(
+                    None, jsonrpc.INVALID_REQUEST, "A batch member is not a JSON-RPC message."
+                )
+                routed = None
+            if routed is None:
+                changed = True
+                continue
+            hop, message, member_changed = routed
+            changed = changed or member_changed
+            groups.setdefault(hop, []).append(message)
+        if not changed and len(groups) == 1:
+            (hop,) = groups
+            self.sink(hop, frame.raw)
+            return
+        for hop, group in groups.items():
+            self.sink(hop, jsonrpc.encode(group))
+
+    def _answer_error(
+        self, request_id: RequestId, code: int, message: str, data: Any = None
+    ) -> None:
+        self.sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+
+    # ------------------------------------------------------------ interceptions
+
+    def _intercept(self, frame: Frame, events: list[Event]) -> None:
+        token = next(self._tokens)
+        method = frame.method
+        keys: list[Key]
+        if method == INITIALIZE:
+            keys = [CONNECTION]
+        else:
+            keys = [request_key(frame.id)]
+            session_id = frame.params.get("sessionId")
+            if isinstance(session_id, str):
+                keys.append(session_key(session_id))
+        self.gate.hold(keys, token, until_answered=method != SESSION_PROMPT)
+        self._interceptions[token] = Interception(frame)
+        events.append(Intercept(token, frame))
+
+    def forward(
+        self, token: int, hop: int, message: JsonObject | None = None
+    ) -> tuple[int | None, list[Event]]:
+        """Send an intercepted request to ``hop``, as received or as ``message``.
+
+        Returns the waiter whose :class:`Answered` event carries the agent's answer (None:
+        the process is gone), and the events of the frames this lets go.
+        """
+        interception = self._interceptions[token]
+        frame = interception.frame
+        state = self.hops[hop]
+        if state.closed:
+            return None, []
+        waiter = next(self._tokens)
+        wire_id = state.pending.register(frame.id, ForWaiter(waiter))
+        interception.forwarded_as = (hop, wire_id)
+        self._client_inflight[frame.id] = (hop, wire_id)
+        if message is None and wire_id == frame.id:
+            self.sink(hop, frame.raw)
+        else:
+            self.sink(hop, jsonrpc.encode({**(message or frame.message), "id": wire_id}))
+        self.gate.forwarded(token)
+        return waiter, self._release()
+
+    def answer(self, token: int, raw: bytes) -> list[Event]:
+        """The interception is over: send the client its answer and let waiting frames go."""
+        interception = self._interceptions.pop(token)
+        client_id = interception.frame.id
+        if (
+            interception.forwarded_as is not None
+            and self._client_inflight.get(client_id) == interception.forwarded_as
+        ):
+            del self._client_inflight[client_id]
+        self.sink(CLIENT, raw)
+        self.gate.answered(token)
+        return self._release()
+
+    def _release(self) -> list[Event]:
+        events: list[Event] = []
+        while (frame := self.gate.release()) is not None:
+            self._dispatch_client(frame, events)
+        return events
+
+    # --------------------------------------------------- the bridge's own requests
+
+    def request(self, hop: int, method: str, params: Any) -> int | None:
+        """Send a request of the bridge's own; the waiter of its answer (None: hop gone)."""
+        state = self.hops[hop]
+        if state.closed:
+            return None
+        waiter = next(self._tokens)
+        wire_id = state.pending.register(state.pending.fresh_id(), ForWaiter(waiter))
+        self.sink(hop, jsonrpc.encode(jsonrpc.request(wire_id, method, params)))
+        return waiter
+
+    def notify(self, hop: int, method: str, params: Any) -> None:
+        if not self.hops[hop].closed:
+            self.sink(hop, jsonrpc.encode(jsonrpc.notification(method, params)))
+
+    # ---------------------------------------------------------- from an agent
+
+    def receive_from_agent(self, hop: int, frame: Frame) -> list[Event]:
+        kind = frame.kind
+        events: list[Event] = []
+        routed: tuple[Any, bool] | None
+        if kind is Kind.NOTIFICATION:
+            routed = self._agent_notification(hop, frame.message)
+        elif kind is Kind.RESPONSE:
+            routed = self._agent_response(hop, frame.message, frame, events)
+        elif kind is Kind.REQUEST:
+            routed = self._agent_request(hop, frame.message)
+        else:
+            self._agent_batch(hop, frame, events)
+            return events
+        if routed is not None:
+            message, changed = routed
+            self.sink(CLIENT, jsonrpc.encode(message) if changed else frame.raw)
+        return events
+
+    def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
+        params = message.get("params")
+        if (
+            message["method"] == CANCEL_REQUEST
+            and isinstance(params, dict)
+            and "requestId" in params
+            and is_request_id(params["requestId"])
+        ):
+            client_id = self._agent_request_ids.get((hop, params["requestId"]), params["requestId"])
+            if client_id != params["requestId"]:
+                return {**message, "params": {**params, "requestId": client_id}}, True
+        return message, False
+
+    def _agent_response(
+        self, hop: int, message: JsonObject, frame: Frame | None, events: list[Event]
+    ) -> tuple[Any, bool] | None:
+        wire_id = message["id"]
+        origin = self.hops[hop].pending.resolve(wire_id)
+        if origin is None:
+            log.debug("agent hop %d answered unknown id %r; passed through", hop, wire_id)
+            return message, False
+        if isinstance(origin, ForWaiter):
+            events.append(Answered(origin.waiter, frame or classify_message(message)))
+            return None
+        client_id = origin.client_id
+        if self._client_inflight.get(client_id) == (hop, wire_id):
+            del self._client_inflight[client_id]
+        if client_id == wire_id:
+            return message, False
+        return {**message, "id": client_id}, True
+
+    def _agent_request(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
+        agent_id = message["id"]
+        client_id = self._client_facing.register(agent_id, FromClient(agent_id))
+        self._agent_requests[client_id] = (hop, agent_id)
+        self._agent_request_ids[(hop, agent_id)] = client_id
+        if client_id == agent_id:
+            return message, False
+        return {**message, "id": client_id}, True
+
+    def _agent_batch(self, hop: int, frame: Frame, events: list[Event]) -> None:
+        kept: list[Any] = []
+        changed = False
+        for member in frame.message:
+            kind = _single_kind(member)
+            routed: tuple[Any, bool] | None
+            if kind is Kind.NOTIFICATION:
+                routed = self._agent_notification(hop, member)
+            elif kind is Kind.RESPONSE:
+                routed = self._agent_response(hop, member, None, events)
+            elif kind is Kind.REQUEST:
+                routed = self._agent_request(hop, member)
+            else:
+                log.warning("agent hop %d: dropped a batch member that is not JSON-RPC", hop)
+                routed = None
+            if routed is None:
+                changed = True
+                continue
+            message, member_changed = routed
+            changed = changed or member_changed
+            kept.append(message)
+        if not kept:
+            return
+        self.sink(CLIENT, jsonrpc.encode(kept) if changed else frame.raw)

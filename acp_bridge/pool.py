@@ -1,0 +1,518 @@
+"""The process pool: one agent process per distinct system prompt, presented as one agent.
+
+Some agents take their system prompt only as process configuration (arguments,
+environment, files read at start): codex-acp, gemini-cli, qwen-code. :class:`PoolAdapter`
+serves such an agent with several processes behind one client connection:
+
+* the *primary* (started by the bridge) serves sessions without a prompt and every
+  connection-wide method (``authenticate``, ``session/list``, ``logout``, ...);
+* one process per prompt fingerprint (mode + text), started on first use through
+  :meth:`AdapterContext.spawn_agent`, which replays the client's ``initialize`` and
+  ``authenticate`` to it;
+* session-scoped messages are routed by ``sessionId`` (:meth:`PoolAdapter.route`) to the
+  process holding the session; a session reopened under another prompt is closed where it
+  was first, so it is live in one process at a time;
+* a process without a live session is stopped after ``idle_timeout`` seconds; at most
+  ``max_processes`` run at once (the primary included) and past that a new prompt gets a
+  clear error; every process is stopped and every private file removed on shutdown.
+
+A subclass only says how a prompt becomes a process: :meth:`PoolAdapter.process_config`
+gets the prompt and a :class:`PrivateDir` (mode 0700, made for that one process, removed
+when it stops) and returns the extra arguments and environment. Options come from
+``bridge.adapter_options.<adapter name>`` (:class:`PoolOptions`).
+
+Only the public :class:`~acp_bridge.adapter.AdapterContext` is used. It has no way to
+learn that a process exited on its own, so the pool looks at ``link.closed`` every
+:data:`EXIT_POLL_INTERVAL` seconds to drop such a process and its files.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar, Final
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from acp_bridge.adapter import (
+    Adapter,
+    AdapterContext,
+    AgentError,
+    AgentExited,
+    AgentLink,
+    Delivery,
+    LifecycleCall,
+    Reply,
+)
+from acp_bridge.agent_process import AgentStartError
+from acp_bridge.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonObject
+from acp_bridge.system_prompt import SystemPrompt
+
+# How often the pool looks whether a process it started has exited on its own.
+EXIT_POLL_INTERVAL: Final = 0.5
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """What one pooled process gets on top of the agent command the user configured."""
+
+    args: Sequence[str] = ()
+    """Extra arguments; no prompt text here where the agent allows any other route."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables."""
+
+
+class PrivateDir:
+    """A directory only the user can enter (0700), made for one pooled process.
+
+    Files written here are 0600. The pool removes the whole directory when the process
+    stops, is reaped or the bridge shuts down.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, prefix: str, root: Path | None = None) -> PrivateDir:
+        if root is not None:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=root)))  # mkdtemp: 0700
+
+    def _inside(self, name: str) -> Path:
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ValueError(f"{name!r} is not a plain path inside the private directory")
+        return self.path.joinpath(*relative.parts)
+
+    def mkdir(self, name: str) -> Path:
+        """A sub-directory (0700), parents included."""
+        path = self._inside(name)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path
+
+    def write(self, name: str, text: str) -> Path:
+        """Write ``text`` (UTF-8) to a new file readable only by the user; its path."""
+        path = self._inside(name)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        return path
+
+    def link(self, name: str, target: Path) -> Path:
+        """A symbolic link to ``target`` (for carrying a user's own file over)."""
+        path = self._inside(name)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.symlink_to(target)
+        return path
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class PromptRefused(Exception):
+    """No process can serve this prompt; the message is for the client."""
+
+    def __init__(self, message: str, data: Any = None, code: int = INTERNAL_ERROR) -> None:
+        super().__init__(message)
+        self.data = data
+        self.code = code
+
+    def reply(self) -> Reply:
+        return Reply.failure(self.code, str(self), self.data)
+
+
+class PoolOptions(BaseModel):
+    """``bridge.adapter_options.<name>`` of a pool adapter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    idle_timeout: float = Field(default=300.0, ge=0)
+    """Seconds a prompt's process may run without a live session before it is stopped."""
+    max_processes: int = Field(default=8, ge=1)
+    """Agent processes at once, the primary included."""
+
+
+def prompt_key(prompt: SystemPrompt | None) -> str | None:
+    """The pool key of a prompt: its fingerprint; ``None`` is the primary's."""
+    return None if prompt is None else prompt.fingerprint()
+
+
+@dataclass
+class PooledProcess:
+    """One agent process: the prompt it was started with and the sessions it holds."""
+
+    link: AgentLink
+    prompt: SystemPrompt | None
+    private: PrivateDir | None = None
+    sessions: set[str] = field(default_factory=set)
+    busy: int = 0
+    """Lifecycle calls using this process right now; a busy process is never reaped."""
+    idle_since: float | None = None
+
+    @property
+    def key(self) -> str | None:
+        return prompt_key(self.prompt)
+
+    @property
+    def reapable(self) -> bool:
+        return not self.sessions and self.busy == 0 and self.prompt is not None
+
+
+class PoolAdapter(Adapter):
+    """An agent whose prompt is per-process configuration: one process per prompt."""
+
+    agent_label: ClassVar[str] = "agent"
+    """The agent as messages to the client name it (``codex-acp``)."""
+    options_model: ClassVar[type[PoolOptions]] = PoolOptions
+    close_settle_timeout: ClassVar[float] = 0.0
+    """Seconds after a ``session/close`` during which a failed reopen of that session is
+    retried (``-32603`` only): for agents that answer the close before releasing it."""
+    close_retry_interval: ClassVar[float] = 0.1
+
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        try:
+            self.options = self.options_model.model_validate(
+                dict(context.adapter_options(self.name))
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"bridge.adapter_options.{self.name}: {problems}") from exc
+        self.pool: dict[str | None, PooledProcess] = {}
+        """Prompt fingerprint (None: the primary) -> its process."""
+        self.home: dict[str, PooledProcess] = {}
+        """Live session -> the process holding it."""
+        self._closed_at: dict[str, float] = {}
+        """Session -> when it was last closed (trio clock), for reopen retries."""
+        self._starting: dict[str, trio.Lock] = {}
+        self._changed = trio.Event()
+        self._reaper_running = False
+        self._reserved = 0
+        self._stopping = False
+
+    # ------------------------------------------------------------ what a subclass says
+
+    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        """How ``prompt`` becomes a process: arguments, environment, files in ``private``.
+
+        Raise :class:`PromptRefused` for a prompt this agent cannot take.
+        """
+        raise NotImplementedError
+
+    def private_root(self) -> Path | None:
+        """Where the private directories are made; None: the system's temporary folder."""
+        return None
+
+    async def opened(self, link: AgentLink, session_id: str, prompt: SystemPrompt | None) -> None:
+        """A session was opened (new, fork, load, resume) in ``link``'s process with
+        ``prompt``: per-session work an agent needs (e.g. selecting a mode) goes here,
+        before the client sees the response. Raise :class:`PromptRefused` to answer the
+        client with an error instead (the session stays open in the agent)."""
+
+    def agent_environment(self) -> Mapping[str, str] | None:
+        """The environment the agent's processes start with (the bridge's own plus the
+        configured agent environment), or None when the context cannot say.
+
+        An adapter needs it to find the agent's own files (its home, its settings) the way
+        the agent will. It is read from ``AdapterContext.agent_environment()`` where the
+        context offers that method.
+        """
+        provided = getattr(self.context, "agent_environment", None)
+        if not callable(provided):
+            return None
+        environment: Mapping[str, str] = provided()
+        return environment
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        return Delivery(append=True, override=True)
+
+    # ------------------------------------------------------------------ routing
+
+    def route(self, method: str, params: Any) -> AgentLink | None:
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        pooled = self.home.get(session_id) if isinstance(session_id, str) else None
+        if pooled is None or pooled.link.closed:
+            return None
+        return pooled.link
+
+    def processes(self) -> list[PooledProcess]:
+        """The processes running now, the primary first."""
+        return [self._primary(), *(p for k, p in self.pool.items() if k is not None)]
+
+    def _primary(self) -> PooledProcess:
+        pooled = self.pool.get(None)
+        if pooled is None or pooled.link is not self.context.primary:
+            pooled = PooledProcess(self.context.primary, None)
+            self.pool[None] = pooled
+        return pooled
+
+    def _live(self, key: str | None) -> PooledProcess | None:
+        if key is None:
+            return self._primary()
+        pooled = self.pool.get(key)
+        if pooled is not None and pooled.link.closed:
+            self._forget(pooled)
+            return None
+        return pooled
+
+    async def _process_for(self, prompt: SystemPrompt | None) -> PooledProcess:
+        """The process serving ``prompt``, started if needed; marked busy for the caller."""
+        key = prompt_key(prompt)
+        if key is None or prompt is None:
+            pooled = self._primary()
+            pooled.busy += 1
+            return pooled
+        lock = self._starting.setdefault(key, trio.Lock())
+        async with lock:
+            pooled = self._live(key) or await self._start(prompt)
+            pooled.busy += 1
+            return pooled
+
+    def _release(self, pooled: PooledProcess) -> None:
+        pooled.busy -= 1
+        self._touch(pooled)
+
+    # --------------------------------------------------------------- processes
+
+    async def _start(self, prompt: SystemPrompt) -> PooledProcess:
+        if self._stopping:
+            raise PromptRefused("The bridge is shutting down.")
+        private = PrivateDir.create(f"acp-bridge-{self.name}-", self.private_root())
+        try:
+            config = self.process_config(prompt, private)
+            await self._make_room()
+            try:
+                link = await self.context.spawn_agent(list(config.args), dict(config.env))
+            except (AgentStartError, AgentError, AgentExited) as exc:
+                raise PromptRefused(
+                    f"The bridge could not start a {self.agent_label} process for this "
+                    f"system prompt: {exc}"
+                ) from exc
+            finally:
+                self._reserved -= 1
+        except BaseException:
+            private.remove()
+            raise
+        pooled = PooledProcess(link, prompt, private)
+        self.pool[pooled.key] = pooled
+        self.log.info("%s serves %s prompt %s", link.name, prompt.mode, pooled.key)
+        self.context.start_soon(self._watch_exit, pooled)
+        if not self._reaper_running:
+            self._reaper_running = True
+            self.context.start_soon(self._reap_idle)
+        return pooled
+
+    def _forget(self, pooled: PooledProcess, *, keep_files: bool = False) -> None:
+        if self.pool.get(pooled.key) is pooled:
+            del self.pool[pooled.key]
+        for session_id in list(pooled.sessions):
+            if self.home.get(session_id) is pooled:
+                del self.home[session_id]
+        if pooled.private is not None and not keep_files:
+            pooled.private.remove()
+        self._changed.set()
+
+    async def _stop(self, pooled: PooledProcess, why: str) -> None:
+        """Stop a process; its files go once it has stopped reading them."""
+        self.log.info("stopping %s (%s)", pooled.link.name, why)
+        self._forget(pooled, keep_files=True)
+        try:
+            if not pooled.link.closed:
+                await self.context.stop_agent(pooled.link)
+        finally:
+            if pooled.private is not None:
+                pooled.private.remove()
+
+    async def _watch_exit(self, pooled: PooledProcess) -> None:
+        """Drop a process that exited on its own, with its private files."""
+        while not pooled.link.closed:
+            if self.pool.get(pooled.key) is not pooled:
+                return  # stopped by the pool, which cleaned up
+            await trio.sleep(EXIT_POLL_INTERVAL)
+        if self.pool.get(pooled.key) is pooled:
+            # The relay logs how it exited; a crash is a warning there.
+            self.log.info("%s exited; its sessions are gone", pooled.link.name)
+            self._forget(pooled)
+
+    def _running(self) -> int:
+        """Processes running or being started, the primary included."""
+        return 1 + sum(1 for key in self.pool if key is not None) + self._reserved
+
+    async def _make_room(self) -> None:
+        """Reserve a place under ``max_processes``: stop the longest-idle process, or refuse."""
+        while True:
+            for pooled in list(self.pool.values()):
+                if pooled.prompt is not None and pooled.link.closed:
+                    self._forget(pooled)
+            if self._running() < self.options.max_processes:
+                self._reserved += 1
+                return
+            idle = [p for p in self.pool.values() if p.reapable]
+            if not idle:
+                raise PromptRefused(
+                    f"Too many distinct system prompts in use: the bridge runs at most "
+                    f"{self.options.max_processes} {self.agent_label} processes and each one "
+                    f"holds a live session. Close a session or reuse a prompt.",
+                    {"maxProcesses": self.options.max_processes},
+                )
+            oldest = min(idle, key=lambda p: p.idle_since if p.idle_since is not None else 0.0)
+            await self._stop(oldest, "making room for another prompt")
+
+    def _touch(self, pooled: PooledProcess) -> None:
+        """Start or clear the idle clock of a process after its sessions changed."""
+        pooled.idle_since = trio.current_time() if pooled.reapable else None
+        self._changed.set()
+
+    async def _reap_idle(self) -> None:
+        """Stop prompt processes that held no live session for ``idle_timeout``."""
+        while not self._stopping:
+            self._changed = trio.Event()
+            deadlines = [
+                p.idle_since + self.options.idle_timeout
+                for p in self.pool.values()
+                if p.reapable and p.idle_since is not None
+            ]
+            with trio.move_on_at(min(deadlines, default=math.inf)):
+                await self._changed.wait()
+            now = trio.current_time()
+            for pooled in list(self.pool.values()):
+                expired = (
+                    pooled.reapable
+                    and pooled.idle_since is not None
+                    and now >= pooled.idle_since + self.options.idle_timeout
+                )
+                if expired and not self._stopping:
+                    await self._stop(pooled, "idle")
+
+    # --------------------------------------------------------------- sessions
+
+    def _hold(self, session_id: str, pooled: PooledProcess) -> None:
+        previous = self.home.get(session_id)
+        if previous is not None and previous is not pooled:
+            previous.sessions.discard(session_id)
+            self._touch(previous)
+        self.home[session_id] = pooled
+        pooled.sessions.add(session_id)
+        self._touch(pooled)
+
+    def _drop(self, session_id: str) -> None:
+        pooled = self.home.pop(session_id, None)
+        if pooled is not None:
+            pooled.sessions.discard(session_id)
+            self._touch(pooled)
+
+    async def _open(self, call: LifecycleCall) -> Reply:
+        """session/new, session/fork: the new session lives in its prompt's process."""
+        try:
+            pooled = await self._process_for(call.prompt)
+        except PromptRefused as exc:
+            return exc.reply()
+        try:
+            reply = await call.forward(pooled.link)
+            session_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
+            if reply.ok and isinstance(session_id, str):
+                self._hold(session_id, pooled)
+                await self.opened(pooled.link, session_id, call.prompt)
+            return reply
+        except PromptRefused as exc:
+            return exc.reply()
+        finally:
+            self._release(pooled)
+
+    session_new = _open
+    session_fork = _open
+
+    async def _reopen(self, call: LifecycleCall) -> Reply:
+        """session/load, session/resume: open the session in its prompt's process."""
+        session_id = call.session_id
+        try:
+            pooled = await self._process_for(call.prompt)
+        except PromptRefused as exc:
+            return exc.reply()
+        try:
+            if session_id is not None:
+                await self._close_elsewhere(session_id, pooled)
+            for problem in self.reopen_limits(call.previous, call.prompt):
+                self.log.warning("%s of session %s: %s", call.method, session_id, problem)
+            reply = await call.forward(pooled.link)
+            while self._settling(session_id, reply):
+                self.log.debug(
+                    "%s of %s refused right after a close; retrying", call.method, session_id
+                )
+                await trio.sleep(self.close_retry_interval)
+                reply = await call.forward(pooled.link)
+            if reply.ok and session_id is not None:
+                self._hold(session_id, pooled)
+                await self.opened(pooled.link, session_id, call.prompt)
+            return reply
+        except PromptRefused as exc:
+            return exc.reply()
+        finally:
+            self._release(pooled)
+
+    session_load = _reopen
+    session_resume = _reopen
+
+    def _settling(self, session_id: str | None, reply: Reply) -> bool:
+        """Whether a failed reopen may only be the agent still releasing a recent close."""
+        closed_at = self._closed_at.get(session_id) if session_id is not None else None
+        return (
+            closed_at is not None
+            and reply.error is not None
+            and reply.error.get("code") == INTERNAL_ERROR
+            and trio.current_time() - closed_at < self.close_settle_timeout
+        )
+
+    async def _close_elsewhere(self, session_id: str, target: PooledProcess) -> None:
+        """A session is live in one process at a time: close it where it was."""
+        current = self.home.get(session_id)
+        if current is None or current is target:
+            return
+        self._drop(session_id)
+        if current.link.closed:
+            return
+        try:
+            await current.link.request("session/close", {"sessionId": session_id})
+            self._closed_at[session_id] = trio.current_time()
+        except AgentError as exc:
+            # An agent without session/close keeps a stale copy there; nothing routes to it.
+            missing = exc.error.get("code") == METHOD_NOT_FOUND
+            level = logging.DEBUG if missing else logging.WARNING
+            self.log.log(
+                level, "closing session %s in %s failed: %s", session_id, current.link.name, exc
+            )
+        except AgentExited as exc:
+            self.log.warning(
+                "closing session %s in %s failed: %s", session_id, current.link.name, exc
+            )
+
+    async def _end(self, call: LifecycleCall) -> Reply:
+        """session/close, session/delete: the routed process answers; forget the session."""
+        reply = await call.forward()
+        if reply.ok and call.session_id is not None:
+            self._drop(call.session_id)
+            if call.method == "session/close":
+                self._closed_at[call.session_id] = trio.current_time()
+        return reply
+
+    session_close = _end
+    session_delete = _end
+
+    async def aclose(self) -> None:
+        """Stop every process the pool started that still runs, and remove every file."""
+        self._stopping = True
+        self._changed.set()
+        with trio.CancelScope(shield=True):
+            for pooled in [p for key, p in list(self.pool.items()) if key is not None]:
+                await self._stop(pooled, "shutdown")

@@ -1,0 +1,87 @@
+"""``copilot``: one ``copilot --acp`` process per distinct system prompt, the prompt in a
+private custom-instructions directory.
+
+The GitHub Copilot CLI takes no prompt over ACP (it ignores ``systemPrompt`` and every
+``_meta`` form). It reads custom instructions once per process from the directories named
+in ``COPILOT_CUSTOM_INSTRUCTIONS_DIRS`` (a comma-separated list), among other places. So
+this adapter is a :class:`~acp_bridge.pool.PoolAdapter`: each prompt's process gets a
+private directory holding ``.github/instructions/acp-bridge.instructions.md`` with the
+text, added to that list. Copilot puts the whole file into its system message verbatim,
+after its own instructions (measured on 1.0.102), front matter included, so the bridge
+writes none. But a file that opens with ``---`` is read as front matter first: with an
+``applyTo:`` line in it, Copilot lists the file as a conditional instruction instead of
+inserting it. Such a text gets one newline before it (see :func:`file_text`). ``append``
+is offered; no route replaces Copilot's own prompt, so ``override`` is not.
+
+Sessions live under the user's ``~/.copilot``, shared by every process, and the system
+message is rebuilt from the serving process's instructions on every turn: a session
+loaded in the process of another prompt gets that prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from acp_bridge.adapter import Delivery
+from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
+from acp_bridge.system_prompt import SystemPrompt
+
+AGENT_NAME: Final = "Copilot"
+DIRS_VARIABLE: Final = "COPILOT_CUSTOM_INSTRUCTIONS_DIRS"
+# Copilot reads `*.instructions.md` under a listed directory's `.github/instructions/`.
+INSTRUCTIONS_FILE: Final = ".github/instructions/acp-bridge.instructions.md"
+
+
+def file_text(text: str) -> str:
+    """The instructions file for ``text``: the text, after a newline if it opens like
+    front matter (Copilot reads front matter only from a file's first line)."""
+    return "\n" + text if text.lstrip("\ufeff").startswith("---") else text
+
+
+def instruction_dirs(own: str | None, private: str) -> str:
+    """The user's list of instruction directories with the private one added last."""
+    if "," in private:
+        raise PromptRefused(
+            f"The bridge's private directory {private} contains a comma, which cannot be "
+            f"named in {DIRS_VARIABLE}; set TMPDIR to a path without one.",
+            {"variable": DIRS_VARIABLE},
+        )
+    dirs = [d for d in (own or "").split(",") if d.strip()]
+    return ",".join([*dirs, private])
+
+
+class CopilotAdapter(PoolAdapter):
+    name = "copilot"
+    description = "copilot --acp: one process per distinct prompt, a private instructions file"
+    agent_label = "copilot"
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        info = initialize_result.get("agentInfo")
+        return isinstance(info, dict) and info.get("name") == AGENT_NAME
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        return Delivery(append=True, override=False)
+
+    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        if prompt.mode != "append":
+            raise PromptRefused(
+                "copilot offers no way to replace its own system prompt; use mode append.",
+                {"field": "systemPrompt.mode"},
+                INVALID_PARAMS,
+            )
+        try:
+            private.write(INSTRUCTIONS_FILE, file_text(prompt.text))
+        except UnicodeEncodeError as exc:
+            raise PromptRefused(
+                f"The append system prompt contains a lone surrogate (position {exc.start}), "
+                f"which cannot be written to the UTF-8 file copilot reads.",
+                {"field": "systemPrompt.content"},
+                INVALID_PARAMS,
+            ) from None
+        environment = self.agent_environment()
+        own = (os.environ if environment is None else environment).get(DIRS_VARIABLE)
+        dirs = instruction_dirs(own, str(private.path))
+        return ProcessConfig(env={DIRS_VARIABLE: dirs})

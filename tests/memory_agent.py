@@ -1,0 +1,185 @@
+"""An ACP agent that runs as a coroutine over in-memory streams: no process, no sleeps.
+
+:func:`memory_spawner` plugs it into :class:`~acp_bridge.relay.Bridge` through the
+injectable spawner, so runtime tests run under trio's ``MockClock``. It answers like
+``tests/fake_agent.py`` (the subprocess double the CLI tests use) for what those tests
+need, and logs every message it receives in :attr:`MemoryAgent.received`.
+
+Steering methods: ``_test/echo`` (result: params), ``_test/hold`` (answered when
+``_test/release`` arrives), ``_test/ask_client`` (sends the client ``params.method`` as a
+request and answers with the client's result). ``session/new`` answers ``sess-N``;
+``session/close`` and ``session/delete`` answer ``{}``; ``session/prompt`` answers
+``{"stopReason": "end_turn"}`` at once or ``cancelled`` after ``session/cancel``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+import trio.testing
+
+from acp_bridge import jsonrpc
+from acp_bridge.relay import AgentHandle
+
+
+class MemoryAgent:
+    """One in-memory agent process (implements the runtime's ``AgentHandle``)."""
+
+    _pids = 10_000
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        session_capabilities: Mapping[str, Any] | None = None,
+        name: str = "memory-agent",
+    ) -> None:
+        MemoryAgent._pids += 1
+        self.pid = MemoryAgent._pids
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.name = name
+        self.session_capabilities = dict(session_capabilities or {"close": {}})
+        self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
+        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
+        self.received: list[Any] = []
+        self.received_raw: list[bytes] = []
+        self._writing = trio.Lock()
+        self.terminated_by_bridge = False
+        self.returncode: int | None = None
+        self._exited = trio.Event()
+        self._held: list[Any] = []
+        self._asked: dict[Any, Any] = {}
+        self._sessions = 0
+        self._cancel_scope = trio.CancelScope()
+        self.prompt_gate: trio.Event | None = None
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            self.returncode = 0 if self.returncode is None else self.returncode
+            self._exited.set()
+
+    async def _serve(self) -> None:
+        with self._cancel_scope:
+            buffer = b""
+            while True:
+                data = await self._input.receive_some(1 << 16)
+                if not data:
+                    break
+                buffer += data
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    self.received_raw.append(line)
+                    message = json.loads(line)
+                    self.received.append(message)
+                    await self._handle(message)
+        with trio.CancelScope(shield=True):
+            await self._output.aclose()
+
+    async def send(self, message: Any) -> None:
+        await self.send_raw(jsonrpc.encode(message))
+
+    async def send_raw(self, line: bytes) -> None:
+        async with self._writing:
+            await self._output.send_all(line + b"\n")
+
+    async def _answer(self, request_id: Any, result: Any) -> None:
+        await self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    async def _handle(self, message: Any) -> None:
+        if isinstance(message, list):
+            for member in message:
+                await self._handle(member)
+            return
+        if not isinstance(message, dict):
+            return
+        method = message.get("method")
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        request_id = message.get("id")
+        if method is None:
+            waiting = self._asked.pop(request_id, None)
+            if waiting is not None:
+                await self._answer(waiting, message.get("result"))
+            return
+        if method == "initialize":
+            await self._answer(
+                request_id,
+                {
+                    "protocolVersion": 1,
+                    "agentInfo": {"name": self.name, "version": "1.0"},
+                    "agentCapabilities": {
+                        "loadSession": True,
+                        "sessionCapabilities": self.session_capabilities,
+                    },
+                },
+            )
+        elif method == "session/new":
+            self._sessions += 1
+            await self._answer(request_id, {"sessionId": f"sess-{self._sessions}"})
+        elif method in ("session/load", "session/resume", "session/close", "session/delete"):
+            await self._answer(request_id, {})
+        elif method == "session/prompt":
+            if self.prompt_gate is not None:
+                await self.prompt_gate.wait()
+            await self._answer(request_id, {"stopReason": "end_turn"})
+        elif method == "_test/echo":
+            await self._answer(request_id, params)
+        elif method == "_test/hold":
+            self._held.append(message)
+        elif method == "_test/release":
+            for held in self._held:
+                await self._answer(held["id"], held.get("params"))
+            self._held.clear()
+            await self._answer(request_id, {})
+        elif method == "_test/ask_client":
+            self._asked[params["id"]] = request_id
+            await self.send(
+                {"jsonrpc": "2.0", "id": params["id"], "method": params["method"], "params": {}}
+            )
+        elif request_id is not None:
+            await self.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32601, "message": f"no method {method}"},
+                }
+            )
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    async def stop(self, grace: float) -> int:
+        with trio.CancelScope(shield=True):
+            await self.stdin.aclose()
+            with trio.move_on_after(grace):
+                await self.wait()
+            if not self._exited.is_set():
+                self.terminated_by_bridge = True
+                self.returncode = -15
+                self._cancel_scope.cancel()
+            status = await self.wait()
+        return status
+
+
+class MemorySpawner:
+    """Starts :class:`MemoryAgent` coroutines in a nursery; keeps every one it started."""
+
+    def __init__(self, nursery: trio.Nursery, **agent_options: Any) -> None:
+        self.nursery = nursery
+        self.agent_options = agent_options
+        self.agents: list[MemoryAgent] = []
+
+    async def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+        agent = MemoryAgent(argv, env, **self.agent_options)
+        self.agents.append(agent)
+        self.nursery.start_soon(agent.run)
+        return agent

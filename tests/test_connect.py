@@ -1,0 +1,240 @@
+"""``acp-bridge connect``: an editor's stdio end for a ``serve`` sidecar.
+
+The sidecar runs in this process in front of the fake agent; ``connect`` runs as the
+subprocess an editor would launch, with the token in its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import trio
+from conftest import fake_agent_argv, pid_alive
+from sidecar import INITIALIZE, open_connect, system_prompt
+
+from acp_bridge.connect import with_token
+from acp_bridge.registry import AdapterRegistry
+from acp_bridge.relay import BridgeOptions
+from acp_bridge.serve import ListenAddress, ServeLimits, Server, serve
+from acp_bridge.store import SessionStore
+
+NATIVE = json.dumps({"sessionCapabilities": {"systemPrompt": {}}})
+TOKEN = "c0nnect-t0ken"
+
+
+@asynccontextmanager
+async def sidecar(
+    tmp_path: Path, token: str | None = TOKEN, limits: ServeLimits | None = None
+) -> AsyncIterator[str]:
+    """A TCP ``serve`` on 127.0.0.1 in front of the fake agent; yields its address."""
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir(exist_ok=True)
+    options = BridgeOptions(
+        agent_argv=fake_agent_argv(agent_dir, "--caps", NATIVE), shutdown_grace=0.5
+    )
+    server = Server(options, SessionStore(":memory:"), AdapterRegistry(), token, limits)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve, server, ListenAddress("tcp", host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        yield f"tcp://127.0.0.1:{port}"
+        nursery.cancel_scope.cancel()
+
+
+def agent_lines(tmp_path: Path, name: str = "agent-received") -> list[bytes]:
+    path = tmp_path / "agent" / name
+    return path.read_bytes().splitlines() if path.exists() else []
+
+
+async def test_a_session_through_connect_reaches_the_agent_without_the_token(
+    tmp_path: Path,
+) -> None:
+    editor_dir = tmp_path / "editor"
+    with trio.fail_after(30):
+        async with (
+            sidecar(tmp_path) as address,
+            open_connect(address, editor_dir, token=TOKEN) as editor,
+        ):
+            await editor.request(0, "initialize", INITIALIZE)
+            result = (await editor.response_to(0))["result"]
+            assert result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"] == {}
+            prompt = system_prompt("PIRATE")
+            params = {"cwd": "/", "mcpServers": [], "systemPrompt": prompt}
+            await editor.request(1, "session/new", params)
+            assert (await editor.response_to(1))["result"] == {"sessionId": "sess-1"}
+            # Frames after initialize travel unchanged, spacing and key order included.
+            odd = b'{"id": 2,  "method":"_test/echo", "jsonrpc":"2.0","params":{"b":1,"a":[ ]}}'
+            await editor.send_line(odd)
+            await editor.response_to(2)
+            await editor.close_stdin()
+            assert await editor.wait() == 0
+    received = agent_lines(tmp_path)
+    assert odd in received
+    assert any(b"session/new" in line and b"PIRATE" in line for line in received)
+    assert not any(TOKEN.encode() in line for line in received)
+    # What the agent sent after initialize reached the editor byte for byte.
+    sent = agent_lines(tmp_path, "agent-sent")
+    editor_lines = bytes(editor.received).splitlines()
+    assert sent[1:] == editor_lines[1:]
+    assert TOKEN not in (tmp_path / "editor" / "connect-stderr").read_text()
+
+
+async def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    with trio.fail_after(30):
+        async with sidecar(tmp_path) as address:
+            args = ["--token-file", str(token_file)]
+            async with open_connect(address, tmp_path / "editor", args=args) as editor:
+                await editor.request(0, "initialize", INITIALIZE)
+                assert "result" in await editor.response_to(0)
+                await editor.close_stdin()
+                assert await editor.wait() == 0
+
+
+async def test_a_wrong_or_missing_token_is_an_error_to_initialize(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with sidecar(tmp_path) as address:
+            for name, token in (("wrong", "not-the-token"), ("missing", None)):
+                async with open_connect(address, tmp_path / name, token=token) as editor:
+                    await editor.request("init-7", "initialize", INITIALIZE)
+                    answer = await editor.response_to("init-7")
+                    assert answer["error"]["code"] == -32000
+                    assert "token" in answer["error"]["message"]
+                    # The sidecar closed the connection; connect leaves too.
+                    assert await editor.read_to_eof() == []
+                    assert await editor.wait() == 1
+    assert agent_lines(tmp_path) == []  # no agent was started
+
+
+async def test_an_unreachable_sidecar_is_an_error_to_initialize(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        address = f"unix:{tmp_path / 'nobody-listens.sock'}"
+        async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+            await editor.request(41, "initialize", INITIALIZE)
+            answer = await editor.response_to(41)
+            assert await editor.wait() == 1
+    assert answer["error"]["code"] == -32000
+    assert "cannot reach the sidecar" in answer["error"]["message"]
+    assert "nobody-listens.sock" in answer["error"]["message"]
+
+
+async def test_a_sidecar_at_its_connection_cap_answers_initialize_by_its_id(
+    tmp_path: Path,
+) -> None:
+    limits = ServeLimits(max_connections=1)
+    with trio.fail_after(30):
+        async with sidecar(tmp_path, limits=limits) as address:
+            host, port = address.removeprefix("tcp://").rsplit(":", 1)
+            holder = await trio.open_tcp_stream(host, int(port))  # takes the only slot
+            await trio.sleep(0.2)
+            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+                await editor.request(5, "initialize", INITIALIZE)
+                answer = await editor.response_to(5)
+                assert await editor.wait() == 1
+            await holder.aclose()
+    assert answer["error"]["code"] == -32000
+    assert "limit of 1 connections" in answer["error"]["message"]
+
+
+async def test_connect_exits_when_the_sidecar_goes_away(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            cancel = trio.Event()
+
+            async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
+                async with sidecar(tmp_path) as address:
+                    task_status.started(address)
+                    await cancel.wait()
+
+            address = await outer.start(run_sidecar)
+            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+                await editor.request(0, "initialize", INITIALIZE)
+                await editor.response_to(0)
+                agent_pid = int((tmp_path / "agent" / "agent.pid").read_text())
+                cancel.set()  # the sidecar shuts down: its agent stops, the socket closes
+                assert await editor.read_to_eof() == []
+                assert await editor.wait() == 0
+    assert not pid_alive(agent_pid)
+
+
+def test_with_token_adds_it_next_to_existing_meta() -> None:
+    line = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "initialize",
+            "params": {"protocolVersion": 1, "_meta": {"zed": True, "acp-bridge": {"x": 1}}},
+        }
+    ).encode()
+    changed = json.loads(with_token(line, "t"))
+    assert changed["params"]["_meta"] == {"zed": True, "acp-bridge": {"x": 1, "token": "t"}}
+    # A lone surrogate is valid JSON text; the changed line stays valid JSON.
+    odd = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"\\ud800"}}'
+    assert json.loads(with_token(odd, "t"))["params"]["x"] == "\ud800"
+    # Anything that is not an initialize request passes unchanged.
+    for other in (b"not json", b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{}}'):
+        assert with_token(other, "t") == other
+
+
+def test_the_token_is_never_an_argument() -> None:
+    # connect has no --token option: argv is readable by every local user.
+    done = os.popen(f"{sys.executable} -m acp_bridge connect --help").read()
+    assert "--token-file" in done
+    assert "--token " not in done and "--token\n" not in done
+
+
+@asynccontextmanager
+async def scripted_sidecar(chunks: list[bytes]) -> AsyncIterator[str]:
+    """A TCP peer that reads the first line, writes ``chunks`` one by one, then closes."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        received = b""
+        while b"\n" not in received:
+            received += await stream.receive_some(65536)
+        for chunk in chunks:
+            await stream.send_all(chunk)
+            await trio.sleep(0.05)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        serve_tcp = partial(trio.serve_tcp, handle, 0, host="127.0.0.1")
+        listeners = await nursery.start(serve_tcp)
+        yield f"tcp://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sidecar_that_closes_before_answering_yields_an_error(tmp_path: Path) -> None:
+    # A notification, then half a line: neither answers the initialize.
+    chunks = [b'{"jsonrpc":"2.0","method":"x/note"}\n', b'{"jsonrpc":"2.0","id":']
+    with trio.fail_after(20):
+        async with scripted_sidecar(chunks) as address, open_connect(
+            address, tmp_path / "editor"
+        ) as editor:
+            await editor.request(8, "initialize", INITIALIZE)
+            lines = await editor.read_to_eof()
+            assert await editor.wait() == 1
+    assert lines[0] == b'{"jsonrpc":"2.0","method":"x/note"}'
+    answer = json.loads(lines[1])
+    assert answer["id"] == 8 and "before answering initialize" in answer["error"]["message"]
+    assert len(lines) == 2
+
+
+async def test_an_answer_split_across_reads_is_passed_on_unchanged(tmp_path: Path) -> None:
+    answer = b'{"jsonrpc":"2.0", "id":8,"result":{"protocolVersion":1}}\r\n'
+    after = b'{"jsonrpc":"2.0","method":"x/after"}\n'
+    chunks = [answer[:10], answer[10:30], answer[30:] + after[:5], after[5:]]
+    with trio.fail_after(20):
+        async with scripted_sidecar(chunks) as address, open_connect(
+            address, tmp_path / "editor"
+        ) as editor:
+            await editor.request(8, "initialize", INITIALIZE)
+            await editor.read_to_eof()
+            assert await editor.wait() == 0
+    assert bytes(editor.received) == answer + after

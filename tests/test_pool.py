@@ -1,0 +1,439 @@
+"""The process pool in memory: a fake AdapterContext whose agent processes are objects.
+
+Each test drives a :class:`PoolAdapter` through its lifecycle hooks the way the relay does
+and asserts on which fake process got what, what was started and stopped, and which
+private files exist. Time is trio's MockClock (``autojump_clock``), so idle reaping runs
+without waiting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from acp_bridge.adapter import AgentError, AgentLink, Reply
+from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
+from acp_bridge.pool import (
+    PoolAdapter,
+    PrivateDir,
+    ProcessConfig,
+    PromptRefused,
+)
+from acp_bridge.system_prompt import SystemPrompt
+
+_session_numbers = itertools.count(1)
+
+
+@dataclass
+class FakeProcess:
+    """One fake agent process: what it was started with and every request it got."""
+
+    name: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    received: list[tuple[str, JsonObject]] = field(default_factory=list)
+    initialize_result: JsonObject | None = None
+    closed: bool = False
+    has_close: bool = True
+    refuse_reopens: int = 0
+    """How many reopens to refuse with -32603 (an agent still releasing a closed session)."""
+
+    def methods(self) -> list[str]:
+        return [method for method, _ in self.received]
+
+    async def request(self, method: str, params: JsonObject) -> Any:
+        reply = self.answer(method, params)
+        if reply.error is not None:
+            raise AgentError(reply.error)
+        return reply.result
+
+    async def notify(self, method: str, params: JsonObject) -> None:
+        self.received.append((method, params))
+
+    def answer(self, method: str, params: JsonObject) -> Reply:
+        self.received.append((method, params))
+        if method == "session/new":
+            return Reply(result={"sessionId": f"s{next(_session_numbers)}"})
+        if method in ("session/load", "session/resume") and self.refuse_reopens:
+            self.refuse_reopens -= 1
+            return Reply.internal("session still has a live writer")
+        if method == "session/close" and not self.has_close:
+            return Reply.failure(METHOD_NOT_FOUND, "Method not found")
+        return Reply(result={})
+
+
+@dataclass
+class FakeContext:
+    """The AdapterContext of the relay, with fake processes."""
+
+    nursery: trio.Nursery
+    options: Mapping[str, Any] = field(default_factory=dict)
+    processes: list[FakeProcess] = field(default_factory=list)
+    stopped: list[FakeProcess] = field(default_factory=list)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("test-pool"))
+
+    def __post_init__(self) -> None:
+        self._primary = FakeProcess("agent")
+        self.processes.append(self._primary)
+
+    @property
+    def primary(self) -> AgentLink:
+        return self._primary
+
+    def live_sessions(self) -> set[str]:
+        return set()
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return dict(os.environ)
+
+    async def spawn_agent(
+        self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
+    ) -> AgentLink:
+        process = FakeProcess(f"agent-{len(self.processes)}", list(extra_args), extra_env or {})
+        process.received.append(("initialize", {"protocolVersion": 1}))  # the replay
+        self.processes.append(process)
+        return process
+
+    async def stop_agent(self, link: AgentLink) -> None:
+        assert isinstance(link, FakeProcess)
+        link.closed = True
+        self.stopped.append(link)
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        self.nursery.start_soon(async_fn, *args)
+
+    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
+        return self.options
+
+    def running(self) -> list[FakeProcess]:
+        return [p for p in self.processes if not p.closed]
+
+
+class FilePool(PoolAdapter):
+    """A pool adapter whose agent reads the prompt from a file named in the environment."""
+
+    name = "file-pool"
+    agent_label = "fake-agent"
+    close_settle_timeout = 2.0
+
+    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        if not prompt.text:
+            raise PromptRefused("empty", {"field": "systemPrompt.content"}, INVALID_PARAMS)
+        path = private.write("prompt.md", prompt.text)
+        return ProcessConfig(args=["--mode", prompt.mode], env={"PROMPT_FILE": str(path)})
+
+
+@dataclass
+class FakeCall:
+    """A lifecycle call as the relay hands it to a hook."""
+
+    method: str
+    params: JsonObject
+    link: AgentLink
+    prompt: SystemPrompt | None = None
+    previous: SystemPrompt | None = None
+    session_id: str | None = None
+    client_sent_prompt: bool = True
+    delivered: str | None = None
+    original_params: JsonObject = field(default_factory=dict)
+
+    async def forward(self, link: AgentLink | None = None) -> Reply:
+        target = link or self.link
+        assert isinstance(target, FakeProcess)
+        return target.answer(self.method, self.params)
+
+    def mark_delivered(self, fingerprint: str | None) -> None:
+        self.delivered = fingerprint
+
+
+def append(text: str) -> SystemPrompt:
+    return SystemPrompt.of_text("append", text)
+
+
+def override(text: str) -> SystemPrompt:
+    return SystemPrompt.of_text("override", text)
+
+
+@dataclass
+class Pool:
+    adapter: FilePool
+    context: FakeContext
+
+    def call(self, method: str, session_id: str | None = None, **kw: Any) -> FakeCall:
+        params: JsonObject = {} if session_id is None else {"sessionId": session_id}
+        routed = self.adapter.route(method, params) or self.context.primary
+        return FakeCall(method, params, routed, session_id=session_id, **kw)
+
+    async def new(self, prompt: SystemPrompt | None = None) -> str:
+        reply = await self.adapter.session_new(self.call("session/new", prompt=prompt))
+        assert reply.ok, reply.error
+        session_id: str = reply.result["sessionId"]
+        return session_id
+
+    def holder(self, session_id: str) -> FakeProcess:
+        link = self.adapter.route("session/prompt", {"sessionId": session_id})
+        link = link or self.context.primary
+        assert isinstance(link, FakeProcess)
+        return link
+
+    def private_dirs(self) -> list[Path]:
+        return [p.private.path for p in self.adapter.pool.values() if p.private is not None]
+
+
+@asynccontextmanager
+async def open_pool(**options: Any) -> AsyncIterator[Pool]:
+    async with trio.open_nursery() as nursery:
+        context = FakeContext(nursery, options)
+        adapter = FilePool(context)
+        try:
+            yield Pool(adapter, context)
+        finally:
+            await adapter.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def private_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Private directories go under ``tmp_path`` so a test can see every one left."""
+    root = tmp_path / "private"
+    monkeypatch.setattr(FilePool, "private_root", lambda self: root)
+    yield root
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+async def test_each_prompt_gets_one_process_and_sessions_are_routed_to_it(
+    private_dirs: Path,
+) -> None:
+    async with open_pool() as pool:
+        plain = await pool.new()
+        first = await pool.new(append("A"))
+        again = await pool.new(append("A"))
+        other = await pool.new(override("A"))  # same text, other mode: another process
+
+        assert pool.holder(plain) is pool.context.primary
+        assert pool.holder(first) is pool.holder(again)
+        assert len({id(pool.holder(s)) for s in (plain, first, other)}) == 3
+        assert pool.adapter.route("session/prompt", {"sessionId": "unknown"}) is None
+        assert pool.adapter.route("session/list", {}) is None
+        # Every started process got the client's initialize first.
+        for process in pool.context.processes[1:]:
+            assert process.methods()[0] == "initialize"
+        assert [p.args for p in pool.context.processes[1:]] == [
+            ["--mode", "append"],
+            ["--mode", "override"],
+        ]
+
+
+async def test_the_prompt_reaches_a_private_file_named_in_the_environment(
+    private_dirs: Path,
+) -> None:
+    async with open_pool() as pool:
+        session = await pool.new(append("secret rules\n"))
+        path = Path(pool.holder(session).env["PROMPT_FILE"])
+        assert path.read_text() == "secret rules\n"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert "secret" not in " ".join(pool.holder(session).args)
+    assert not path.exists()
+    assert list(private_dirs.iterdir()) == []
+
+
+async def test_a_prompt_the_adapter_refuses_gets_its_error_and_leaves_nothing(
+    private_dirs: Path,
+) -> None:
+    async with open_pool() as pool:
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("")))
+        assert reply.error == {
+            "code": INVALID_PARAMS,
+            "message": "empty",
+            "data": {"field": "systemPrompt.content"},
+        }
+        assert len(pool.context.processes) == 1
+        assert list(private_dirs.iterdir()) == []
+
+
+async def test_reopen_under_another_prompt_closes_the_session_where_it_was(
+    private_dirs: Path,
+) -> None:
+    async with open_pool() as pool:
+        session = await pool.new(append("old"))
+        old = pool.holder(session)
+        call = pool.call("session/load", session, prompt=append("new"), previous=append("old"))
+        assert (await pool.adapter.session_load(call)).ok
+        new = pool.holder(session)
+        assert new is not old
+        assert ("session/close", {"sessionId": session}) in old.received
+        assert ("session/load", {"sessionId": session}) in new.received
+        # Reopened without a prompt: back to the primary.
+        call = pool.call("session/resume", session, prompt=None, previous=append("new"))
+        assert (await pool.adapter.session_resume(call)).ok
+        assert pool.holder(session) is pool.context.primary
+
+
+async def test_an_agent_without_session_close_still_moves_the_session(
+    private_dirs: Path,
+) -> None:
+    async with open_pool() as pool:
+        pool.context.processes[0].has_close = False
+        session = await pool.new()
+        call = pool.call("session/load", session, prompt=override("X"))
+        assert (await pool.adapter.session_load(call)).ok
+        assert pool.holder(session) is not pool.context.primary
+
+
+async def test_a_reopen_refused_right_after_a_close_is_retried(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool() as pool:
+        session = await pool.new(append("A"))
+        holder = pool.holder(session)
+        assert (await pool.adapter.session_close(pool.call("session/close", session))).ok
+        holder.refuse_reopens = 3
+        call = pool.call("session/load", session, prompt=append("A"))
+        assert (await pool.adapter.session_load(call)).ok
+        assert holder.methods().count("session/load") == 4
+        # Long after a close, a refusal is the agent's answer, not a race.
+        await pool.adapter.session_close(pool.call("session/close", session))
+        await trio.sleep(5)
+        holder.refuse_reopens = 1
+        reply = await pool.adapter.session_load(
+            pool.call("session/load", session, prompt=append("A"))
+        )
+        assert reply.error is not None and reply.error["code"] == INTERNAL_ERROR
+
+
+# --------------------------------------------------------------------- process lifetime
+
+
+async def test_a_process_without_sessions_is_reaped_after_the_idle_timeout(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool(idle_timeout=10) as pool:
+        kept = await pool.new(append("kept"))
+        closed = await pool.new(append("closed"))
+        kept_process, closed_process = pool.holder(kept), pool.holder(closed)
+        await pool.adapter.session_close(pool.call("session/close", closed))
+        await trio.sleep(9)
+        assert not closed_process.closed
+        await trio.sleep(2)
+        assert closed_process.closed and closed_process in pool.context.stopped
+        assert not Path(closed_process.env["PROMPT_FILE"]).exists()
+        # A live session keeps its process however long it idles.
+        await trio.sleep(100)
+        assert not kept_process.closed and pool.context.primary.closed is False
+        # The prompt used again: a new process.
+        again = await pool.new(append("closed"))
+        assert pool.holder(again) is not closed_process
+
+
+async def test_past_the_maximum_a_new_prompt_gets_a_clear_error(private_dirs: Path) -> None:
+    async with open_pool(max_processes=2) as pool:
+        first = await pool.new(append("one"))
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("two")))
+        assert reply.error is not None
+        assert reply.error["code"] == INTERNAL_ERROR
+        assert "at most 2 fake-agent processes" in reply.error["message"]
+        assert reply.error["data"] == {"maxProcesses": 2}
+        assert len(pool.context.processes) == 2
+        assert len(pool.private_dirs()) == 1
+        # A prompt already running, and sessions without a prompt, still work.
+        also = await pool.new(append("one"))
+        await pool.new()
+        # Once the first prompt's process holds no session it makes room.
+        for session in (first, also):
+            await pool.adapter.session_close(pool.call("session/close", session))
+        second = await pool.new(append("two"))
+        assert pool.holder(second).args == ["--mode", "append"]
+        assert len(pool.context.running()) == 2
+
+
+async def test_a_process_that_exits_on_its_own_is_dropped_with_its_files(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool() as pool:
+        session = await pool.new(override("X"))
+        process = pool.holder(session)
+        process.closed = True  # crashed
+        await trio.sleep(1)
+        assert pool.adapter.route("session/prompt", {"sessionId": session}) is None
+        assert list(private_dirs.iterdir()) == []
+        again = await pool.new(override("X"))
+        assert pool.holder(again) is not process
+
+
+async def test_shutdown_stops_every_process_and_removes_every_file(private_dirs: Path) -> None:
+    async with open_pool() as pool:
+        await pool.new()
+        for text in ("a", "b", "c"):
+            await pool.new(append(text))
+        assert len(pool.context.running()) == 4
+    started = pool.context.processes[1:]
+    assert all(p.closed for p in started) and sorted(
+        p.name for p in pool.context.stopped
+    ) == sorted(p.name for p in started)
+    assert list(private_dirs.iterdir()) == []
+    # The primary is the relay's to stop.
+    assert not pool.context.processes[0].closed
+
+
+async def test_opened_runs_per_session_before_the_client_gets_the_response(
+    private_dirs: Path,
+) -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    class ModePool(FilePool):
+        async def opened(
+            self, link: AgentLink, session_id: str, prompt: SystemPrompt | None
+        ) -> None:
+            seen.append((link.name, session_id, prompt.text if prompt else None))
+            if prompt is not None and prompt.text == "refuse":
+                raise PromptRefused("no mode for this prompt")
+
+    async with trio.open_nursery() as nursery:
+        context = FakeContext(nursery)
+        pool = Pool(ModePool(context), context)
+        session = await pool.new(append("A"))
+        call = pool.call("session/load", session, prompt=append("B"))
+        assert (await pool.adapter.session_load(call)).ok
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("refuse")))
+        assert reply.error is not None and reply.error["message"] == "no mode for this prompt"
+        await pool.adapter.aclose()
+        nursery.cancel_scope.cancel()
+    assert [(name, text) for name, _, text in seen] == [
+        ("agent-1", "A"),
+        ("agent-2", "B"),
+        ("agent-3", "refuse"),
+    ]
+    assert seen[0][1] == seen[1][1] == session
+
+
+async def test_invalid_options_name_the_adapter_and_the_key() -> None:
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ValueError, match=r"bridge.adapter_options.file-pool: max_processes"):
+            FilePool(FakeContext(nursery, {"max_processes": 0}))
+
+
+def test_private_dir_refuses_paths_outside_it(tmp_path: Path) -> None:
+    private = PrivateDir.create("t-", tmp_path)
+    for name in ("../x", "/etc/x", "a/../../x", ""):
+        with pytest.raises(ValueError):
+            private.write(name, "x")
+    nested = private.write("a/b/c.md", "x")
+    assert stat.S_IMODE(nested.parent.stat().st_mode) == 0o700
+    with pytest.raises(FileExistsError):
+        private.write("a/b/c.md", "again")  # never rewritten in place
+    private.remove()
+    assert not private.path.exists()

@@ -1,0 +1,240 @@
+"""The sans-IO router: frames in, bytes and events out; no streams, no processes, no clock."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from acp_bridge import jsonrpc
+from acp_bridge.core.router import CLIENT, Abandoned, Answered, Intercept, Router
+
+
+class Wire:
+    """A router with a sink that records what each peer would receive."""
+
+    def __init__(self, hops: int = 1) -> None:
+        self.sent: list[tuple[int, bytes]] = []
+        self.router = Router(lambda peer, raw: self.sent.append((peer, raw)))
+        for _ in range(hops - 1):
+            self.router.add_hop()
+
+    def client(self, message: Any) -> list[Any]:
+        return self.router.receive_from_client(frame(message))
+
+    def agent(self, hop: int, message: Any) -> list[Any]:
+        return self.router.receive_from_agent(hop, frame(message))
+
+    def take(self, peer: int) -> list[Any]:
+        """What ``peer`` received since the last look, decoded."""
+        mine = [json.loads(raw) for to, raw in self.sent if to == peer]
+        self.sent = [(to, raw) for to, raw in self.sent if to != peer]
+        return mine
+
+    def raw(self, peer: int) -> list[bytes]:
+        return [raw for to, raw in self.sent if to == peer]
+
+
+def frame(message: Any) -> jsonrpc.Frame:
+    if isinstance(message, bytes):
+        return jsonrpc.parse(message)
+    return jsonrpc.parse(json.dumps(message).encode())
+
+
+def request(request_id: Any, method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+def result(request_id: Any, value: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": value if value is not None else {}}
+
+
+def notification(method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+LIFECYCLE = frozenset({"initialize", "session/new", "session/load", "session/prompt"})
+
+
+def test_untouched_frames_keep_their_bytes_both_ways() -> None:
+    wire = Wire()
+    line = b'{"jsonrpc": "2.0",  "id": 7, "method": "x/y", "params": {"b": 1, "a": 2}}'
+    wire.router.receive_from_client(jsonrpc.parse(line))
+    assert wire.raw(0) == [line]
+    answer = b'{ "id": 7, "jsonrpc": "2.0", "result": {"z": "\\u00e9"} }'
+    wire.router.receive_from_agent(0, jsonrpc.parse(answer))
+    assert wire.raw(CLIENT) == [answer]
+
+
+def test_client_id_in_flight_on_the_hop_is_translated_and_restored() -> None:
+    wire = Wire()
+    waiter = wire.router.request(0, "_bridge/own", {})
+    (own,) = wire.take(0)
+    wire.client(request(own["id"], "x/y"))
+    (relayed,) = wire.take(0)
+    assert relayed["id"] != own["id"]
+    wire.client(notification("$/cancel_request", requestId=own["id"]))
+    assert wire.take(0) == [notification("$/cancel_request", requestId=relayed["id"])]
+    events = wire.agent(0, result(relayed["id"], {"for": "client"}))
+    assert events == []
+    assert wire.take(CLIENT) == [result(own["id"], {"for": "client"})]
+    (answered,) = wire.agent(0, result(own["id"], {"for": "bridge"}))
+    assert isinstance(answered, Answered) and answered.waiter == waiter
+
+
+def test_cancel_without_request_id_passes_as_it_came() -> None:
+    wire = Wire(hops=2)
+    wire.router.route = lambda method, params: 1 if method == "x/other" else None
+    wire.client(request(None, "x/other"))
+    assert wire.take(1) == [request(None, "x/other")]
+    line = b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{}}'
+    wire.router.receive_from_client(jsonrpc.parse(line))
+    assert wire.raw(0) == [line]
+    assert wire.raw(1) == []
+
+
+def test_agent_requests_with_one_id_from_two_hops_answered_in_one_client_batch() -> None:
+    wire = Wire(hops=2)
+    wire.agent(0, request(0, "session/request_permission"))
+    wire.agent(1, request(0, "session/request_permission"))
+    first, second = wire.take(CLIENT)
+    assert first["id"] == 0 and second["id"] != 0
+    wire.client([result(first["id"], {"outcome": "a"}), result(second["id"], {"outcome": "b"})])
+    assert wire.take(0) == [[result(0, {"outcome": "a"})]]
+    assert wire.take(1) == [[result(0, {"outcome": "b"})]]
+
+
+def test_agent_cancel_of_its_translated_request_is_translated_for_the_client() -> None:
+    wire = Wire(hops=2)
+    wire.agent(0, request(5, "fs/read_text_file"))
+    wire.agent(1, request(5, "fs/read_text_file"))
+    _, translated = wire.take(CLIENT)
+    wire.agent(1, notification("$/cancel_request", requestId=5))
+    assert wire.take(CLIENT) == [notification("$/cancel_request", requestId=translated["id"])]
+
+
+def test_intercepted_request_answered_inside_an_agent_batch_wakes_its_waiter() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (start,) = wire.client(request(1, "session/new", cwd="/"))
+    assert isinstance(start, Intercept)
+    waiter, _ = wire.router.forward(start.token, 0)
+    assert waiter is not None
+    wire.take(0)
+    events = wire.agent(0, [result(1, {"sessionId": "s"}), notification("x/note")])
+    assert [e.waiter for e in events if isinstance(e, Answered)] == [waiter]
+    # The answer is the bridge's; the client gets only the rest of the batch.
+    assert wire.take(CLIENT) == [[notification("x/note")]]
+
+
+def test_client_batch_reusing_an_intercepted_id_in_flight_does_not_steal_its_answer() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (start,) = wire.client(request(7, "session/new", cwd="/"))
+    waiter, _ = wire.router.forward(start.token, 0)
+    wire.take(0)
+    wire.client([request(7, "x/other"), notification("x/note")])
+    ((member, note),) = wire.take(0)
+    assert member["id"] != 7 and note == notification("x/note")
+    events = wire.agent(0, result(7, {"sessionId": "s"}))
+    assert [e.waiter for e in events if isinstance(e, Answered)] == [waiter]
+    wire.agent(0, result(member["id"], {"other": True}))
+    assert wire.take(CLIENT) == [result(7, {"other": True})]
+
+
+def test_client_batch_members_go_to_the_hop_their_session_lives_in() -> None:
+    wire = Wire(hops=2)
+    wire.router.route = lambda method, params: 1 if params.get("sessionId") == "b" else None
+    wire.client([request(1, "x/y", sessionId="a"), request(2, "x/y", sessionId="b")])
+    assert wire.take(0) == [[request(1, "x/y", sessionId="a")]]
+    assert wire.take(1) == [[request(2, "x/y", sessionId="b")]]
+
+
+def test_batch_holding_an_intercepted_method_is_refused_whole() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    wire.client([request(1, "session/new", cwd="/"), request(2, "x/y")])
+    (errors,) = wire.take(CLIENT)
+    assert [e["id"] for e in errors] == [1, 2]
+    assert {e["error"]["code"] for e in errors} == {jsonrpc.INVALID_REQUEST}
+    assert wire.take(0) == []
+
+
+def test_malformed_batch_member_is_answered_by_the_bridge_and_the_rest_goes() -> None:
+    wire = Wire()
+    wire.client([request(1, "x/y"), 42])
+    assert wire.take(0) == [[request(1, "x/y")]]
+    (error,) = wire.take(CLIENT)
+    assert error["error"]["code"] == jsonrpc.INVALID_REQUEST
+
+
+def test_initialize_holds_every_client_frame_until_it_is_answered() -> None:
+    wire = Wire()
+    (start,) = wire.client(request(0, "initialize", protocolVersion=1))
+    wire.router.forward(start.token, 0)
+    wire.take(0)
+    wire.client(request(1, "session/new", cwd="/"))
+    wire.client(request(2, "x/y"))
+    assert wire.take(0) == []
+    wire.router.intercepted = LIFECYCLE
+    events = wire.router.answer(start.token, jsonrpc.encode(result(0)))
+    # session/new is now intercepted (the adapter is known); x/y follows at once.
+    assert [type(e) for e in events] == [Intercept]
+    assert wire.take(0) == [request(2, "x/y")]
+
+
+def test_only_frames_naming_the_held_session_wait_for_a_lifecycle_request() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (start,) = wire.client(request(1, "session/load", sessionId="s", cwd="/"))
+    wire.client(notification("session/cancel", sessionId="s"))
+    wire.client(request(2, "session/set_mode", sessionId="s", modeId="m"))
+    wire.client(request(3, "session/set_mode", sessionId="other", modeId="m"))
+    wire.client(result("perm-1", {"outcome": "allow"}))
+    wire.client(notification("x/note"))
+    assert [m.get("id", m.get("method")) for m in wire.take(0)] == [3, "perm-1", "x/note"]
+    # Forwarded: the cancel may go (it cannot overtake the load now), the rest still waits.
+    wire.router.forward(start.token, 0)
+    assert [m.get("id", m.get("method")) for m in wire.take(0)] == [1, "session/cancel"]
+    wire.router.answer(start.token, jsonrpc.encode(result(1)))
+    assert [m.get("id") for m in wire.take(0)] == [2]
+
+
+def test_an_intercepted_prompt_holds_its_session_only_until_forwarded() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (start,) = wire.client(request(1, "session/prompt", sessionId="s", prompt=[]))
+    wire.client(notification("$/cancel_request", requestId=1))
+    wire.client(request(2, "session/set_mode", sessionId="s", modeId="m"))
+    assert wire.take(0) == []
+    wire.router.forward(start.token, 0)
+    assert [m.get("id", m.get("method")) for m in wire.take(0)] == [1, "$/cancel_request", 2]
+
+
+def test_frames_that_wait_keep_their_order_and_a_second_interception_queues() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (first,) = wire.client(request(1, "session/load", sessionId="s", cwd="/"))
+    wire.router.forward(first.token, 0)
+    wire.take(0)
+    assert wire.client(request(2, "session/load", sessionId="s", cwd="/")) == []
+    wire.client(request(3, "x/y", sessionId="s"))
+    (second,) = wire.router.answer(first.token, jsonrpc.encode(result(1)))
+    assert isinstance(second, Intercept) and second.frame.id == 2
+    assert wire.take(0) == []  # x/y waits behind the second load
+    wire.router.forward(second.token, 0)
+    wire.router.answer(second.token, jsonrpc.encode(result(2)))
+    assert [m["id"] for m in wire.take(0)] == [2, 3]
+
+
+def test_a_hop_that_exits_fails_its_client_requests_and_abandons_its_waiters() -> None:
+    wire = Wire(hops=2)
+    wire.router.route = lambda method, params: 1
+    wire.client(request("c", "x/y"))
+    waiter = wire.router.request(1, "_bridge/own", {})
+    assert waiter is not None
+    assert wire.router.hop_closed(1, 3) == [Abandoned(waiter, 3)]
+    (error,) = wire.take(CLIENT)
+    assert error["id"] == "c" and error["error"]["data"] == {"exitStatus": 3}
+    # Later traffic for that process goes to the primary (routing falls back).
+    wire.client(request("d", "x/y"))
+    assert [m["id"] for m in wire.take(0)] == ["d"]

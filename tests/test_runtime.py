@@ -1,0 +1,197 @@
+"""The trio runtime over in-memory agents: no process, and trio's MockClock for time."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from memory_agent import MemoryAgent, MemorySpawner
+
+from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.registry import AdapterRegistry
+from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.store import SessionStore, StoreError
+from acp_bridge.system_prompt import SystemPrompt
+
+USER_ADAPTERS = Path(__file__).with_name("adapters")
+PROMPT = {"mode": "append", "content": [{"type": "text", "text": "Be brief."}]}
+
+
+class Client:
+    """The client's end of an in-process bridge, one JSON message per line."""
+
+    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+        self.send_stream = send
+        self.receive_stream = receive
+        self.buffer = b""
+
+    async def send(self, message: Any) -> None:
+        await self.send_stream.send_all(json.dumps(message).encode() + b"\n")
+
+    async def receive(self) -> Any:
+        while b"\n" not in self.buffer:
+            self.buffer += await self.receive_stream.receive_some(1 << 16)
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+@asynccontextmanager
+async def bridge_over_memory(
+    lifecycle: Lifecycle | None = None,
+    *,
+    adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
+    agent_name: str = "memory-agent",
+    **options: Any,
+) -> AsyncIterator[tuple[Client, MemoryAgent]]:
+    to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
+    from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
+    store = SessionStore(":memory:")
+    async with trio.open_nursery() as nursery:
+        spawner = MemorySpawner(nursery, name=agent_name)
+        bridge = Bridge(
+            BridgeOptions(agent_argv=["memory-agent"], shutdown_grace=0.5, **options),
+            to_bridge_receive,
+            from_bridge_send,
+            lifecycle or Lifecycle(store, "memory-agent"),
+            registry=AdapterRegistry(adapter_folders),
+            spawner=spawner,
+        )
+        finished = trio.Event()
+
+        async def run() -> None:
+            await bridge.run(watch_signals=False)
+            finished.set()
+
+        nursery.start_soon(run)
+        client = Client(to_bridge_send, from_bridge_receive)
+        await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                           "params": {"protocolVersion": 1}})  # fmt: skip
+        advertised = await client.receive()
+        assert "systemPrompt" in advertised["result"]["agentCapabilities"]["sessionCapabilities"]
+        yield client, spawner.agents[0]
+        await to_bridge_send.aclose()
+        # Read what is left, as a client does, until the bridge has finished.
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, from_bridge_receive)
+            await finished.wait()
+            draining.cancel_scope.cancel()
+    store.close()
+
+
+async def drain(stream: trio.abc.ReceiveStream) -> None:
+    while await stream.receive_some(1 << 20):
+        pass
+
+
+def new_session(request_id: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "session/new",
+            "params": {"cwd": "/", "mcpServers": [], "systemPrompt": PROMPT}}  # fmt: skip
+
+
+async def test_a_hook_held_two_seconds_holds_up_only_its_own_session(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(5):
+        async with bridge_over_memory(adapter="slow") as (client, agent):
+            start = trio.current_time()
+            await client.send(new_session("held"))
+            await trio.testing.wait_all_tasks_blocked()
+            # A request for another session.
+            await client.send({"jsonrpc": "2.0", "id": "other", "method": "_test/echo",
+                               "params": {"sessionId": "sess-9"}})  # fmt: skip
+            assert (await client.receive())["id"] == "other"
+            # A permission answer: the agent asks, the client answers, the agent replies.
+            ask = {"id": "perm", "method": "session/request_permission"}
+            await client.send({"jsonrpc": "2.0", "id": "ask", "method": "_test/ask_client",
+                               "params": ask})  # fmt: skip
+            asked = await client.receive()
+            assert asked["method"] == "session/request_permission"
+            await client.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"outcome": "ok"}})
+            assert await client.receive() == {"jsonrpc": "2.0", "id": "ask",
+                                              "result": {"outcome": "ok"}}  # fmt: skip
+            # A cancel for another session.
+            await client.send({"jsonrpc": "2.0", "method": "session/cancel",
+                               "params": {"sessionId": "sess-9"}})  # fmt: skip
+            await trio.testing.wait_all_tasks_blocked()
+            assert {"jsonrpc": "2.0", "method": "session/cancel",
+                    "params": {"sessionId": "sess-9"}} in agent.received  # fmt: skip
+            assert trio.current_time() - start < 0.1
+            assert not any(m.get("method") == "session/new" for m in agent.received)
+            mock_clock.jump(2)
+            answer = await client.receive()
+            assert answer["id"] == "held" and answer["result"]["sessionId"] == "sess-1"
+
+
+class BrokenLifecycle(Lifecycle):
+    """A store that fails to record a session, after ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(SessionStore(":memory:"), "memory-agent")
+        self.release = threading.Event()
+
+    def save(
+        self, session_id: str, prompt: SystemPrompt | None, *, parent_id: str | None = None
+    ) -> None:
+        self.release.wait(10)
+        raise StoreError("sessions.sqlite3: database is locked")
+
+
+async def test_a_store_that_fails_during_session_new_leaves_no_session_open() -> None:
+    lifecycle = BrokenLifecycle()
+    with trio.fail_after(10):
+        async with bridge_over_memory(lifecycle) as (client, agent):
+            await client.send(new_session("new"))
+            # The store is stuck: other traffic still flows.
+            await client.send({"jsonrpc": "2.0", "id": "other", "method": "_test/echo",
+                               "params": {}})  # fmt: skip
+            assert (await client.receive())["id"] == "other"
+            lifecycle.release.set()
+            answer = await client.receive()
+            assert answer["id"] == "new" and answer["error"]["code"] == -32603
+            await trio.testing.wait_all_tasks_blocked()
+            closes = [m for m in agent.received if m.get("method") == "session/close"]
+            assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+
+
+async def test_through_the_cli_a_slow_user_adapter_holds_up_only_its_session(
+    open_bridge: Any,
+) -> None:
+    config = {"adapter_paths": [str(USER_ADAPTERS)], "adapter": "slow"}
+    with trio.fail_after(20):
+        async with open_bridge(config=config) as bridge:
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+            await bridge.receive()
+            await bridge.send(new_session("held"))
+            await trio.sleep(0.2)  # the hook is now holding session/new (for 2 s)
+            started = trio.current_time()
+            await bridge.request("other", "_test/echo", {"sessionId": "sess-9"})
+            assert (await bridge.receive())["id"] == "other"
+            ask = {"id": "perm", "method": "session/request_permission"}
+            await bridge.request("ask", "_test/ask_client", ask)
+            asked = await bridge.receive()
+            await bridge.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"outcome": "ok"}})
+            assert (await bridge.receive())["id"] == "ask"
+            elapsed = trio.current_time() - started
+            assert elapsed < 0.1, f"unrelated traffic waited {elapsed:.3f} s"
+            answer = await bridge.receive()
+            assert answer["id"] == "held" and "result" in answer
+
+
+async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
+    open_bridge: Any,
+) -> None:
+    with trio.fail_after(20):
+        async with open_bridge(agent_argv=["/no/such/agent", "--acp"]) as bridge:
+            await bridge.request(1, "initialize", {"protocolVersion": 1})
+            answer = await bridge.receive()
+            assert answer["id"] == 1
+            assert "/no/such/agent" in answer["error"]["message"]
+            assert "No such file" in answer["error"]["message"]
+            assert answer["error"]["data"] == {"command": ["/no/such/agent", "--acp"]}
+            assert await bridge.process.wait() != 0
