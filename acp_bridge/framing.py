@@ -22,9 +22,10 @@ DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
 JOIN_LIMIT: Final = 64 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Line:
-    """One complete frame, without its line terminator."""
+    """One complete frame, without its line terminator. (Treat as immutable; not frozen
+    because one is made per frame relayed.)"""
 
     data: bytes
 
@@ -39,10 +40,10 @@ class OverlongLine:
 class LineSplitter:
     """Split a byte stream into lines of at most ``limit`` bytes.
 
-    Memory: a line that arrives in one read is sliced out of it (one copy); a line spread
-    over reads is gathered in one growing buffer, so it costs its own size however small
-    the reads (a slow writer's line arrives a few bytes at a time), plus one copy when it
-    is complete: at most about twice its size.
+    Memory: a line that arrives within one read is sliced out of it; a line spread over
+    reads is gathered in one growing buffer, so it costs its own size however small the
+    reads (a slow writer's line arrives a few bytes at a time), plus one copy when it is
+    complete: at most about twice its size.
     """
 
     def __init__(self, limit: int = DEFAULT_LINE_LIMIT) -> None:
@@ -55,19 +56,36 @@ class LineSplitter:
 
     def feed(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         """Take more bytes; return every line they completed, in order."""
+        if self._buffer or self._discarding:
+            return self._feed_after_partial(data)
+        # Nothing held from an earlier read, the usual case on a busy stream: split the
+        # whole read at once (one C call) instead of searching line by line.
+        lines = bytes(data).split(b"\n")
+        self._keep(lines.pop())  # after the last newline: the start of the next line
+        limit = self.limit
+        out: list[Line | OverlongLine] = []
+        for line in lines:
+            if line.endswith(b"\r"):
+                # The \r is not part of the frame, so a line of ``limit`` bytes may carry it.
+                out.append(Line(line[:-1]) if len(line) <= limit + 1 else OverlongLine(len(line)))
+            else:
+                out.append(Line(line) if len(line) <= limit else OverlongLine(len(line)))
+        return out
+
+    def _feed_after_partial(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         out: list[Line | OverlongLine] = []
         start = 0
         while True:
             newline = data.find(b"\n", start)
             if newline < 0:
-                self._keep(data, start, len(data))
+                self._keep(data[start:])
                 return out
-            if not self._buffer and not self._discarding:
-                out.append(self._whole(data, start, newline))
-            else:
-                self._keep(data, start, newline)
-                out.append(self._finish())
+            self._keep(data[start:newline])
+            out.append(self._finish())
             start = newline + 1
+            if not self._buffer and not self._discarding:
+                # The held line is complete: the rest goes the fast way.
+                return out + self.feed(data[start:])
 
     def close(self) -> list[Line | OverlongLine]:
         """End of stream: a final line without a terminator still counts."""
@@ -79,28 +97,20 @@ class LineSplitter:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def _whole(self, data: bytes | bytearray, start: int, end: int) -> Line | OverlongLine:
-        """A line that began and ended inside one read."""
-        if end > start and data[end - 1] == 0x0D:  # "\r"
-            end -= 1
-        if end - start > self.limit:
-            return OverlongLine(end - start + (1 if data[end] == 0x0D else 0))
-        return Line(bytes(data[start:end]))
-
-    def _keep(self, data: bytes | bytearray, start: int, end: int) -> None:
-        size = end - start
-        if not size:
+    def _keep(self, piece: bytes | bytearray) -> None:
+        if not piece:
             return
         if self._discarding:
-            self._discarded += size
+            self._discarded += len(piece)
             return
         # One spare byte: a line of exactly ``limit`` bytes may still end in ``\r\n``.
-        if len(self._buffer) + size > self.limit + 1:
+        if len(self._buffer) + len(piece) > self.limit + 1:
             self._discarding = True
-            self._discarded = len(self._buffer) + size
+            self._discarded = len(self._buffer) + len(piece)
             self._buffer = bytearray()  # gives the memory back, unlike clear()
             return
-        self._buffer += memoryview(data)[start:end]
+        # One buffer, not a list of reads: each read would cost a Python object of its own.
+        self._buffer += piece
 
     def _finish(self) -> Line | OverlongLine:
         if self._discarding:

@@ -33,10 +33,10 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeAlias
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -52,6 +52,7 @@ from acp_bridge.adapter import (
     Reply,
 )
 from acp_bridge.agent_process import AgentStartError
+from acp_bridge.capabilities import agent_name
 from acp_bridge.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -167,11 +168,18 @@ class PooledProcess:
         return not self.sessions and self.busy == 0 and self.prompt is not None
 
 
+Opened: TypeAlias = tuple[Reply, str | None]
+"""A lifecycle call served in a process: the reply, and the session now open there."""
+
+
 class PoolAdapter(Adapter):
     """An agent whose prompt is per-process configuration: one process per prompt."""
 
     agent_label: ClassVar[str] = "agent"
     """The agent as messages to the client name it (``codex-acp``)."""
+    reported_name: ClassVar[str | None] = None
+    """The name the agent reports in its initialize result (``agentInfo.name``): the
+    adapter is chosen for an agent that reports it."""
     options_model: ClassVar[type[PoolOptions]] = PoolOptions
     close_settle_timeout: ClassVar[float] = 0.0
     """Seconds after a ``session/close`` during which a failed reopen of that session is
@@ -202,6 +210,10 @@ class PoolAdapter(Adapter):
         self._stopping = False
 
     # ------------------------------------------------------------ what a subclass says
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        return cls.reported_name is not None and agent_name(initialize_result) == cls.reported_name
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         """How ``prompt`` becomes a process: arguments, environment, files in ``private``.
@@ -412,16 +424,20 @@ class PoolAdapter(Adapter):
             pooled.sessions.discard(session_id)
             self._touch(pooled)
 
-    async def _open(self, call: LifecycleCall) -> Reply:
-        """session/new, session/fork: the new session lives in its prompt's process."""
+    async def _in_prompts_process(
+        self, call: LifecycleCall, serve: Callable[[PooledProcess], Awaitable[Opened]]
+    ) -> Reply:
+        """Serve ``call`` in its prompt's process; the session ``serve`` opened lives there.
+
+        A prompt the agent cannot take, refused on the way, is the client's answer.
+        """
         try:
             pooled = await self._process_for(call.prompt)
         except PromptRefused as exc:
             return exc.reply()
         try:
-            reply = await call.forward(pooled.link)
-            session_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
-            if reply.ok and isinstance(session_id, str):
+            reply, session_id = await serve(pooled)
+            if session_id is not None:
                 self._hold(session_id, pooled)
                 await self.opened(pooled.link, session_id, call.prompt)
             return reply
@@ -430,17 +446,24 @@ class PoolAdapter(Adapter):
         finally:
             self._release(pooled)
 
+    async def _open(self, call: LifecycleCall) -> Reply:
+        """session/new, session/fork: the new session lives in its prompt's process."""
+
+        async def serve(pooled: PooledProcess) -> Opened:
+            reply = await call.forward(pooled.link)
+            session_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
+            return reply, session_id if reply.ok and isinstance(session_id, str) else None
+
+        return await self._in_prompts_process(call, serve)
+
     session_new = _open
     session_fork = _open
 
     async def _reopen(self, call: LifecycleCall) -> Reply:
         """session/load, session/resume: open the session in its prompt's process."""
         session_id = call.session_id
-        try:
-            pooled = await self._process_for(call.prompt)
-        except PromptRefused as exc:
-            return exc.reply()
-        try:
+
+        async def serve(pooled: PooledProcess) -> Opened:
             if session_id is not None:
                 await self._close_elsewhere(session_id, pooled)
             for problem in self.reopen_limits(call.previous, call.prompt):
@@ -452,14 +475,9 @@ class PoolAdapter(Adapter):
                 )
                 await trio.sleep(self.close_retry_interval)
                 reply = await call.forward(pooled.link)
-            if reply.ok and session_id is not None:
-                self._hold(session_id, pooled)
-                await self.opened(pooled.link, session_id, call.prompt)
-            return reply
-        except PromptRefused as exc:
-            return exc.reply()
-        finally:
-            self._release(pooled)
+            return reply, session_id if reply.ok else None
+
+        return await self._in_prompts_process(call, serve)
 
     session_load = _reopen
     session_resume = _reopen

@@ -283,6 +283,7 @@ class Bridge:
         self.options = options
         self.client_in = client_in
         self.tracer = tracer or Tracer(None)
+        self._tracing = self.tracer.enabled
         self.client_outbox = Outbox(client_out)
         self.client_gone = False
         self.lifecycle = lifecycle
@@ -310,12 +311,12 @@ class Bridge:
     def _sink(self, peer: int, raw: bytes) -> None:
         if peer == CLIENT:
             if not self.client_gone:
-                if self.tracer.enabled:
+                if self._tracing:
                     self.tracer.record("agent->client", raw, None)
                 self.client_outbox.frames.append(raw)
             return
         link = self.links[peer]
-        if self.tracer.enabled:
+        if self._tracing:
             self.tracer.record(f"bridge->{link.name}", raw, None)
         link.outbox.frames.append(raw)
 
@@ -581,11 +582,11 @@ class Bridge:
                     await link.outbox.settle()
 
     def _from_client(self, raw: bytes) -> None:
-        if not raw.strip():
-            return
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
+            if not raw.strip():
+                return
             if self.tracer.enabled:
                 self.tracer.record("client->bridge", raw, None)
             self._sink(
@@ -595,7 +596,9 @@ class Bridge:
             return
         if self.tracer.enabled:
             self.tracer.record("client->bridge", raw, frame.message)
-        self.handle(self.router.receive_from_client(frame))
+        events = self.router.receive_from_client(frame)
+        if events:
+            self.handle(events)
 
     # ------------------------------------------------------------- agent side
 
@@ -650,17 +653,20 @@ class Bridge:
                 break
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
-        if not raw.strip():
-            return
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
-            preview = raw[:200].decode(errors="replace")
-            log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview)
+            if raw.strip():
+                preview = raw[:200].decode(errors="replace")
+                log.warning(
+                    "%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview
+                )
             return
         if self.tracer.enabled:
             self.tracer.record(f"{link.name}->bridge", raw, frame.message)
-        self.handle(self.router.receive_from_agent(link.hop, frame))
+        events = self.router.receive_from_agent(link.hop, frame)
+        if events:
+            self.handle(events)
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.jsonrpc import INVALID_PARAMS
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, prompt_key
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -97,13 +97,9 @@ class CodexAdapter(PoolAdapter):
     name = "codex"
     description = "codex-acp: one process per distinct prompt, sessions routed by id"
     agent_label = "codex-acp"
+    reported_name = AGENT_NAME
     close_settle_timeout = CLOSE_SETTLE_TIMEOUT
     close_retry_interval = CLOSE_RETRY_INTERVAL
-
-    @classmethod
-    def detect(cls, initialize_result: JsonObject) -> bool:
-        info = initialize_result.get("agentInfo")
-        return isinstance(info, dict) and info.get("name") == AGENT_NAME
 
     @classmethod
     def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:

@@ -56,11 +56,7 @@ class CopilotAdapter(PoolAdapter):
     name = "copilot"
     description = "copilot --acp: one process per distinct prompt, a private instructions file"
     agent_label = "copilot"
-
-    @classmethod
-    def detect(cls, initialize_result: JsonObject) -> bool:
-        info = initialize_result.get("agentInfo")
-        return isinstance(info, dict) and info.get("name") == AGENT_NAME
+    reported_name = AGENT_NAME
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=False)

@@ -105,11 +105,7 @@ class GeminiAdapter(PoolAdapter):
     name = "gemini"
     description = "gemini --acp: one process per distinct prompt (GEMINI_SYSTEM_MD, context file)"
     agent_label = "gemini"
-
-    @classmethod
-    def detect(cls, initialize_result: JsonObject) -> bool:
-        info = initialize_result.get("agentInfo")
-        return isinstance(info, dict) and info.get("name") == AGENT_NAME
+    reported_name = AGENT_NAME
 
     @classmethod
     def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:

@@ -86,11 +86,7 @@ class OpencodeAdapter(PoolAdapter):
     name = "opencode"
     description = "opencode acp: one process per distinct prompt, set in a private config file"
     agent_label = "opencode"
-
-    @classmethod
-    def detect(cls, initialize_result: JsonObject) -> bool:
-        info = initialize_result.get("agentInfo")
-        return isinstance(info, dict) and info.get("name") == AGENT_NAME
+    reported_name = AGENT_NAME
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment()

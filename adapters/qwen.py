@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.jsonrpc import INVALID_PARAMS
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -41,11 +41,7 @@ class QwenAdapter(PoolAdapter):
         "qwen --acp: one process per distinct prompt (QWEN_SYSTEM_MD, --append-system-prompt)"
     )
     agent_label = "qwen"
-
-    @classmethod
-    def detect(cls, initialize_result: JsonObject) -> bool:
-        info = initialize_result.get("agentInfo")
-        return isinstance(info, dict) and info.get("name") == AGENT_NAME
+    reported_name = AGENT_NAME
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         if prompt.mode == "override":

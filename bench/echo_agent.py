@@ -6,7 +6,9 @@ agent itself does not hide the bridge's cost:
 - a request ``{"jsonrpc":"2.0","id":N,"method":"bench/echo",...}`` is answered with the
   same params (``{"jsonrpc":"2.0","id":N,"result":<params>}``);
 - ``bench/flood`` with ``{"count":C}`` writes C small notifications, then answers;
-- notifications are counted; ``bench/count`` answers with how many arrived.
+- notifications are counted; ``bench/count`` answers with how many arrived;
+- ``initialize`` gets a minimal v1 answer, so that proxies which wait for it (the bridge
+  chooses its adapter from it, the TypeScript conductor starts the agent on it) relay it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
+INITIALIZE_RESULT = b'{"protocolVersion":1,"agentCapabilities":{},"authMethods":[]}'
 NOTE = (
     b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
     b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"tok"}}}}\n'
@@ -36,6 +39,9 @@ def main() -> None:
         if method == b"bench/echo":
             params = line[method_end + 11 : line.rindex(b"}")]
             out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + params + b"}\n")
+        elif method == b"initialize":
+            result = INITIALIZE_RESULT
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result + b"}\n")
         elif method == b"bench/flood":
             count = json.loads(line)["params"]["count"]
             out.write(NOTE * count)

@@ -9,7 +9,6 @@ request is found by a token the test puts in its user text.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -17,36 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from acp_requests import append, override, prompt_params, session_params
+from agent_processes import live_processes
+from bridge_cli import bridge_command
 
 from acp_bridge.client import AcpClient, spawn_bridge
-from acp_bridge.model_endpoint import Flavour, ModelEndpoint, RecordedRequest
+from acp_bridge.model_endpoint import Flavour, ModelEndpoint, RecordedRequest, open_model_endpoint
 
 TURN_TIMEOUT = 120.0
-
-
-def append(text: str) -> dict[str, Any]:
-    return {"mode": "append", "content": [{"type": "text", "text": text}]}
-
-
-def override(text: str) -> dict[str, Any]:
-    return {"mode": "override", "content": [{"type": "text", "text": text}]}
-
-
-def processes_with_env(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (``NAME=value``)."""
-    wanted = marker.encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if wanted in environ and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 @dataclass
@@ -63,16 +40,7 @@ class PooledAgent:
     turns: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def bridge_command(self, *bridge_args: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "acp_bridge",
-            "--state",
-            str(self.state),
-            *bridge_args,
-            "--",
-            *self.command,
-        ]
+        return bridge_command(self.state, self.command, *bridge_args)
 
     @asynccontextmanager
     async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
@@ -84,13 +52,10 @@ class PooledAgent:
 
     def processes(self) -> list[int]:
         """The agent's processes (and their children): every one has this HOME."""
-        return processes_with_env(f"HOME={self.home}")
+        return live_processes(f"HOME={self.home}")
 
     async def new_session(self, client: AcpClient, prompt: dict[str, Any] | None = None) -> str:
-        params: dict[str, Any] = {"cwd": str(self.cwd), "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        result = await client.request("session/new", params)
+        result = await client.request("session/new", session_params(self.cwd, prompt=prompt))
         session_id: str = result["sessionId"]
         return session_id
 
@@ -101,18 +66,21 @@ class PooledAgent:
         session_id: str,
         prompt: dict[str, Any] | None = None,
     ) -> Any:
-        params: dict[str, Any] = {"sessionId": session_id, "cwd": str(self.cwd), "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        return await client.request(method, params)
+        return await client.request(method, session_params(self.cwd, session_id, prompt))
+
+    async def systems_of(self, *prompts: dict[str, Any] | None) -> list[str]:
+        """One bridge run: a session per prompt (``None``: no prompt), then a turn in each;
+        the system text of each turn's main model request."""
+        async with self.bridge() as client:
+            sessions = [await self.new_session(client, prompt) for prompt in prompts]
+            return [(await self.ask(client, session)).system_text() for session in sessions]
 
     async def ask(self, client: AcpClient, session_id: str) -> RecordedRequest:
         """One turn; the main model request it caused, found by its user text."""
         token = f"acp-bridge-e2e-turn-{next(self.turns)}"
         with trio.fail_after(TURN_TIMEOUT):
             result = await client.request(
-                "session/prompt",
-                {"sessionId": session_id, "prompt": [{"type": "text", "text": f"{token}: hi"}]},
+                "session/prompt", prompt_params(session_id, f"{token}: hi")
             )
             assert result["stopReason"] == "end_turn", result
             return await self.request_with(token)
@@ -129,6 +97,71 @@ class PooledAgent:
             await self.endpoint.wait_for_requests(
                 len(known) + 1, TURN_TIMEOUT, flavour=self.flavour
             )
+
+
+@asynccontextmanager
+async def open_pooled_agent(
+    command: list[str],
+    env: Callable[[Path, str], dict[str, str]],
+    flavour: Flavour,
+    tmp_path: Path,
+) -> AsyncIterator[PooledAgent]:
+    """The agent with a fresh HOME and project folder under ``tmp_path``, its model calls
+    going to a new endpoint; ``env(home, endpoint_url)`` is its environment."""
+    home = tmp_path / "home"
+    home.mkdir()
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    async with open_model_endpoint() as endpoint:
+        yield PooledAgent(
+            command,
+            env(home, endpoint.url),
+            tmp_path / "sessions.sqlite3",
+            endpoint,
+            flavour,
+            home,
+            cwd,
+        )
+
+
+async def assert_interleaved_sessions_keep_their_prompts(agent: PooledAgent) -> None:
+    """An append, a plain and an override session on one connection, asked twice each
+    with their turns running at once: every turn sees its own session's prompt only."""
+    async with agent.bridge() as client:
+        appended = await agent.new_session(client, append("MARKER-A"))
+        plain = await agent.new_session(client)
+        replaced = await agent.new_session(client, override("MARKER-O"))
+        seen: dict[str, list[str]] = {appended: [], plain: [], replaced: []}
+
+        async def turn(session: str) -> None:
+            seen[session].append((await agent.ask(client, session)).system_text())
+
+        for _ in range(2):
+            async with trio.open_nursery() as nursery:
+                for session in seen:
+                    nursery.start_soon(turn, session)
+    for system in seen[appended]:
+        assert "MARKER-A" in system and "MARKER-O" not in system
+    for system in seen[plain]:
+        assert "MARKER" not in system
+    for system in seen[replaced]:
+        assert system.startswith("MARKER-O") and "MARKER-A" not in system
+    assert all(len(systems) == 2 for systems in seen.values())
+
+
+async def assert_no_process_outlives_the_client(agent: PooledAgent) -> None:
+    """Three sessions (plain, append, override) run at least three agent processes; once
+    the client closes the bridge's stdin, the bridge exits 0 and every one of them is gone."""
+    async with spawn_bridge(agent.bridge_command(), agent.env) as (client, bridge):
+        await client.request("initialize", {"protocolVersion": 1})
+        await agent.new_session(client)
+        await agent.new_session(client, append("MARKER-1"))
+        await agent.new_session(client, override("MARKER-2"))
+        assert len(agent.processes()) >= 3
+    assert bridge.returncode == 0
+    with trio.fail_after(5):
+        while agent.processes():
+            await trio.sleep(0.05)
 
 
 def default_lines(system: str, min_length: int = 40) -> list[str]:

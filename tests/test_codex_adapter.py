@@ -99,11 +99,16 @@ class Harness:
 
 
 @asynccontextmanager
-async def codex_bridge(tmp_path: Path, **codex_options: Any) -> AsyncIterator[Harness]:
+async def codex_bridge(
+    tmp_path: Path, *, agent_env: dict[str, str] | None = None, **codex_options: Any
+) -> AsyncIterator[Harness]:
+    """The bridge in front of the fake codex-acp, initialized; ``agent_env`` is the
+    configured agent environment and ``codex_options`` the adapter's options."""
     records = tmp_path / "records"
     records.mkdir(exist_ok=True)
     options = BridgeOptions(
         agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_env=agent_env or {},
         shutdown_grace=0.3,
         adapter_options={"codex": codex_options},
     )
@@ -439,7 +444,6 @@ async def test_load_right_after_close_waits_for_codex_to_release_the_session(
     assert len(loads) >= 2  # the first attempt was refused, a retry succeeded
 
 
-
 # ------------------------------------------------------- append prompt off the command line
 
 
@@ -461,29 +465,19 @@ async def test_append_prompt_goes_to_a_private_codex_home_not_argv(
     home.mkdir()
     (home / "config.toml").write_text('model = "gpt-5.4"\n\n[features]\nx = true\n')
     (home / "auth.json").write_text("{}")
-    records = tmp_path / "records"
-    records.mkdir()
-    options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
-        agent_env={"CODEX_HOME": str(home)},
-        shutdown_grace=0.3,
-    )
-    with trio.fail_after(TIMEOUT):
-        async with open_embedded_bridge(options, SessionStore(":memory:")) as embedded:
-            await embedded.client.request("initialize", {"protocolVersion": 1})
-            h = Harness(embedded.client, embedded.bridge, records)
-            session = await h.new(append('secret "rules"\nline two'))
-            identity = await h.served_by(session)
-            (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
-            assert pooled.private is not None
-            private = pooled.private.path
-            assert private.parent == home
-            assert stat.S_IMODE(private.stat().st_mode) == 0o700
-            config = private / "config.toml"
-            assert stat.S_IMODE(config.stat().st_mode) == 0o600
-            assert config.read_text().endswith('model = "gpt-5.4"\n\n[features]\nx = true\n')
-            assert (private / "auth.json").resolve() == home / "auth.json"
-            assert (private / "sessions").resolve() == home / "sessions"
+    async with codex_bridge(tmp_path, agent_env={"CODEX_HOME": str(home)}) as h:
+        session = await h.new(append('secret "rules"\nline two'))
+        identity = await h.served_by(session)
+        (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
+        assert pooled.private is not None
+        private = pooled.private.path
+        assert private.parent == home
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+        config = private / "config.toml"
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        assert config.read_text().endswith('model = "gpt-5.4"\n\n[features]\nx = true\n')
+        assert (private / "auth.json").resolve() == home / "auth.json"
+        assert (private / "sessions").resolve() == home / "sessions"
     assert identity["developer"] == 'secret "rules"\nline two'
     assert h.overrides(identity["pid"]) == {}  # nothing on its command line
     assert not private.exists()
@@ -501,17 +495,7 @@ async def test_a_users_own_developer_instructions_keep_the_command_line_route(
     home = tmp_path / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text('developer_instructions = "mine"\n')
-    records = tmp_path / "records"
-    records.mkdir()
-    options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
-        agent_env={"CODEX_HOME": str(home)},
-        shutdown_grace=0.3,
-    )
-    with trio.fail_after(TIMEOUT):
-        async with open_embedded_bridge(options, SessionStore(":memory:")) as embedded:
-            await embedded.client.request("initialize", {"protocolVersion": 1})
-            h = Harness(embedded.client, embedded.bridge, records)
-            identity = await h.served_by(await h.new(append("ours")))
+    async with codex_bridge(tmp_path, agent_env={"CODEX_HOME": str(home)}) as h:
+        identity = await h.served_by(await h.new(append("ours")))
     assert identity["developer"] == "ours"
     assert h.overrides(identity["pid"]) == {"developer_instructions": '"ours"'}

@@ -6,11 +6,9 @@ agent in ``tests/e2e/test_copilot.py``.
 
 from __future__ import annotations
 
-import logging
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +19,7 @@ from acp_bridge.adapters.copilot import (  # type: ignore[import-not-found,unuse
     file_text,
     instruction_dirs,
 )
+from adapter_context import Context, ContextWithEnvironment
 
 from acp_bridge.adapter import Delivery
 from acp_bridge.jsonrpc import INVALID_PARAMS
@@ -30,23 +29,6 @@ from acp_bridge.system_prompt import SystemPrompt
 
 TEXT = "  {{x}} $HOME\n---\n\t \n"
 INITIALIZE = {"agentInfo": {"name": "Copilot", "title": "Copilot", "version": "1.0.102"}}
-
-
-class Context:
-    log = logging.getLogger("test-copilot")
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        return {}
-
-
-class ContextWithEnvironment(Context):
-    """A relay that tells the environment its agent processes start with."""
-
-    def __init__(self, environment: Mapping[str, str]) -> None:
-        self.environment = environment
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return self.environment
 
 
 @pytest.fixture

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import tracemalloc
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
@@ -18,7 +21,7 @@ from acp_bridge.framing import (
 )
 
 
-def feed_all(splitter: LineSplitter, *chunks: bytes) -> list[Line | OverlongLine]:
+def feed_all(splitter: LineSplitter, *chunks: bytes | bytearray) -> list[Line | OverlongLine]:
     out: list[Line | OverlongLine] = []
     for chunk in chunks:
         out += splitter.feed(chunk)
@@ -178,3 +181,37 @@ def test_lines_complete_in_one_read_are_not_copied_twice() -> None:
     data = b"x" * (1 << 20) + b"\n"
     splitter = LineSplitter()
     assert peak_while(lambda: splitter.feed(data)) < 1.3 * len(data)
+
+
+def expected_lines(stream: bytes, limit: int) -> list[Line | OverlongLine]:
+    """What the splitter must give for ``stream``, however it arrives: every line (and a
+    final one without a newline), a trailing ``\\r`` removed, over-long ones by size."""
+    pieces = stream.split(b"\n")
+    if not pieces[-1]:
+        pieces.pop()  # the stream ended with a newline: no final partial line
+    out: list[Line | OverlongLine] = []
+    for piece in pieces:
+        frame = piece[:-1] if piece.endswith(b"\r") else piece
+        out.append(Line(frame) if len(frame) <= limit else OverlongLine(len(piece)))
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    stream=st.lists(st.sampled_from([b"a", b"bc", b"\r", b"\n", b"\r\n", b"xyz1"])).map(b"".join),
+    limit=st.integers(1, 8),
+    cuts=st.lists(st.integers(0, 64), max_size=8),
+    as_bytearray=st.booleans(),
+)
+def test_any_chunking_gives_the_lines_of_the_whole_stream(
+    stream: bytes, limit: int, cuts: list[int], as_bytearray: bool
+) -> None:
+    bounds = sorted({0, len(stream), *(c for c in cuts if c <= len(stream))})
+    chunks: list[bytes | bytearray] = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    if as_bytearray:  # what some streams hand out
+        chunks = [bytearray(chunk) for chunk in chunks]
+    splitter = LineSplitter(limit)
+    got = feed_all(splitter, *chunks)
+    assert got == expected_lines(stream, limit)
+    assert all(type(item.data) is bytes for item in got if isinstance(item, Line))
+    assert splitter.buffered == 0

@@ -9,12 +9,10 @@ refused with a clear error.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from acp_bridge.adapters.opencode import (  # type: ignore[import-not-found,unus
     OpencodeAdapter,
     config_json,
 )
+from adapter_context import Context, ContextWithEnvironment
 
 from acp_bridge.jsonrpc import INVALID_PARAMS
 from acp_bridge.pool import PrivateDir, PromptRefused
@@ -34,23 +33,6 @@ NASTY = (
     "---\ntitle: x\n---\n  {env:HOME} {file:/etc/hostname} {{x}} $HOME $& "
     "\\u007b é \U0001f600\n\t \n"
 )
-
-
-class Context:
-    log = logging.getLogger("test-opencode")
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        return {}
-
-
-class ContextWithEnvironment(Context):
-    """A relay that tells the environment its agent processes start with."""
-
-    def __init__(self, environment: Mapping[str, str]) -> None:
-        self.environment = environment
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return self.environment
 
 
 @pytest.fixture

@@ -181,6 +181,9 @@ class Pool:
         session_id: str = reply.result["sessionId"]
         return session_id
 
+    async def close(self, session_id: str) -> Reply:
+        return await self.adapter.session_close(self.call("session/close", session_id))
+
     def holder(self, session_id: str) -> FakeProcess:
         link = self.adapter.route("session/prompt", {"sessionId": session_id})
         link = link or self.context.primary
@@ -300,13 +303,13 @@ async def test_a_reopen_refused_right_after_a_close_is_retried(
     async with open_pool() as pool:
         session = await pool.new(append("A"))
         holder = pool.holder(session)
-        assert (await pool.adapter.session_close(pool.call("session/close", session))).ok
+        assert (await pool.close(session)).ok
         holder.refuse_reopens = 3
         call = pool.call("session/load", session, prompt=append("A"))
         assert (await pool.adapter.session_load(call)).ok
         assert holder.methods().count("session/load") == 4
         # Long after a close, a refusal is the agent's answer, not a race.
-        await pool.adapter.session_close(pool.call("session/close", session))
+        await pool.close(session)
         await trio.sleep(5)
         holder.refuse_reopens = 1
         reply = await pool.adapter.session_load(
@@ -325,7 +328,7 @@ async def test_a_process_without_sessions_is_reaped_after_the_idle_timeout(
         kept = await pool.new(append("kept"))
         closed = await pool.new(append("closed"))
         kept_process, closed_process = pool.holder(kept), pool.holder(closed)
-        await pool.adapter.session_close(pool.call("session/close", closed))
+        await pool.close(closed)
         await trio.sleep(9)
         assert not closed_process.closed
         await trio.sleep(2)
@@ -354,7 +357,7 @@ async def test_past_the_maximum_a_new_prompt_gets_a_clear_error(private_dirs: Pa
         await pool.new()
         # Once the first prompt's process holds no session it makes room.
         for session in (first, also):
-            await pool.adapter.session_close(pool.call("session/close", session))
+            await pool.close(session)
         second = await pool.new(append("two"))
         assert pool.holder(second).args == ["--mode", "append"]
         assert len(pool.context.running()) == 2

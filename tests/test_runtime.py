@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -12,6 +11,7 @@ from typing import Any
 import trio
 import trio.testing
 from memory_agent import MemoryAgent, MemorySpawner
+from test_ids import Wire
 
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterRegistry
@@ -23,24 +23,6 @@ USER_ADAPTERS = Path(__file__).with_name("adapters")
 PROMPT = {"mode": "append", "content": [{"type": "text", "text": "Be brief."}]}
 
 
-class Client:
-    """The client's end of an in-process bridge, one JSON message per line."""
-
-    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
-        self.send_stream = send
-        self.receive_stream = receive
-        self.buffer = b""
-
-    async def send(self, message: Any) -> None:
-        await self.send_stream.send_all(json.dumps(message).encode() + b"\n")
-
-    async def receive(self) -> Any:
-        while b"\n" not in self.buffer:
-            self.buffer += await self.receive_stream.receive_some(1 << 16)
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
-
-
 @asynccontextmanager
 async def bridge_over_memory(
     lifecycle: Lifecycle | None = None,
@@ -48,7 +30,7 @@ async def bridge_over_memory(
     adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
     agent_name: str = "memory-agent",
     **options: Any,
-) -> AsyncIterator[tuple[Client, MemoryAgent]]:
+) -> AsyncIterator[tuple[Wire, MemoryAgent]]:
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(":memory:")
@@ -69,7 +51,7 @@ async def bridge_over_memory(
             finished.set()
 
         nursery.start_soon(run)
-        client = Client(to_bridge_send, from_bridge_receive)
+        client = Wire(to_bridge_send, from_bridge_receive)
         await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                            "params": {"protocolVersion": 1}})  # fmt: skip
         advertised = await client.receive()

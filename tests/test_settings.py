@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from acp_bridge.settings import (
+    PRESETS_PACKAGE,
+    SHIPPED_FILES,
     AgentPreset,
     ConfigError,
     VerifySpec,
@@ -411,3 +414,14 @@ def test_state_setting_resolves_to_a_location(
     assert resolve_state("default", {}) == SessionStore.default_path()
     assert resolve_state(":memory:", {}) == ":memory:"
     assert resolve_state("${D}/s.db", {"D": "/data"}) == Path("/data/s.db")
+
+
+def test_shipped_files_read_the_same_with_libyaml_and_pure_python() -> None:
+    # The shipped files are parsed with libyaml for start-up time; the result must be what
+    # the pure-Python loader (which a user's file goes through) reads.
+    yaml = pytest.importorskip("yaml")
+    if not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("PyYAML without libyaml")
+    for name in SHIPPED_FILES:
+        text = (resources.files(PRESETS_PACKAGE) / name).read_text(encoding="utf-8")
+        assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.safe_load(text), name

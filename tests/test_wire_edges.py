@@ -150,7 +150,7 @@ def test_a_message_nested_as_deep_as_parse_allows_can_be_encoded_from_a_deeper_s
         return encode_at(depth - 1) if depth else jsonrpc.encode({**frame.message, "id": 2})
 
     raw = encode_at(100)
-    assert json.loads(raw)["params"] == frame.message["params"]
+    assert jsonrpc.parse(raw).message["params"] == frame.message["params"]
 
 
 @pytest.mark.parametrize(

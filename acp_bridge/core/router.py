@@ -87,6 +87,8 @@ class Abandoned:
 
 
 Event: TypeAlias = Intercept | Answered | Abandoned
+# Returned when nothing happened beyond writing; callers only read it.
+NO_EVENTS: Final[list[Event]] = []
 
 
 @dataclass(slots=True)
@@ -102,6 +104,22 @@ class Hop:
 class Interception:
     frame: Frame
     forwarded_as: tuple[int, RequestId] | None = None
+
+
+def cancelled_request(message: JsonObject) -> JsonObject | None:
+    """The params of a ``$/cancel_request`` that names a request; None for anything else.
+
+    A cancel without a usable ``requestId`` is passed on as it came, never translated.
+    """
+    params = message.get("params")
+    if (
+        message["method"] == CANCEL_REQUEST
+        and isinstance(params, dict)
+        and "requestId" in params
+        and is_request_id(params["requestId"])
+    ):
+        return params
+    return None
 
 
 def _single_kind(message: Any) -> Kind | None:
@@ -185,7 +203,14 @@ class Router:
 
     def receive_from_client(self, frame: Frame) -> list[Event]:
         if self.gate.active and not self.gate.admit(frame):
-            return []
+            return NO_EVENTS
+        if (
+            frame.kind is Kind.NOTIFICATION
+            and len(self.hops) == 1
+            and frame.message["method"] != CANCEL_REQUEST
+        ):
+            self.sink(PRIMARY, frame.raw)
+            return NO_EVENTS
         events: list[Event] = []
         self._dispatch_client(frame, events)
         return events
@@ -239,13 +264,8 @@ class Router:
         return hop, {**message, "id": wire_id}, True
 
     def _client_notification(self, message: JsonObject) -> tuple[int, Any, bool] | None:
-        params = message.get("params")
-        if (
-            message["method"] == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and "requestId" in params
-            and is_request_id(params["requestId"])
-        ):
+        params = cancelled_request(message)
+        if params is not None:
             target = self._client_inflight.get(params["requestId"])
             if target is not None:
                 hop, wire_id = target
@@ -413,6 +433,10 @@ class Router:
 
     def receive_from_agent(self, hop: int, frame: Frame) -> list[Event]:
         kind = frame.kind
+        if kind is Kind.NOTIFICATION and frame.message["method"] != CANCEL_REQUEST:
+            # The bulk of the traffic (session/update): nothing to translate.
+            self.sink(CLIENT, frame.raw)
+            return NO_EVENTS
         events: list[Event] = []
         routed: tuple[Any, bool] | None
         if kind is Kind.NOTIFICATION:
@@ -430,13 +454,8 @@ class Router:
         return events
 
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
-        params = message.get("params")
-        if (
-            message["method"] == CANCEL_REQUEST
-            and isinstance(params, dict)
-            and "requestId" in params
-            and is_request_id(params["requestId"])
-        ):
+        params = cancelled_request(message)
+        if params is not None:
             client_id = self._agent_request_ids.get((hop, params["requestId"]), params["requestId"])
             if client_id != params["requestId"]:
                 return {**message, "params": {**params, "requestId": client_id}}, True

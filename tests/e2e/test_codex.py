@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -22,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import agents
+import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
-from conftest import run_verify  # tests/agents.py: installs and caches the pinned agents
-from pooled_agent import processes_with_env
+from acp_requests import append, override, prompt_params, session_params
+from agent_processes import live_processes
+from bridge_cli import bridge_command, isolated_env, write_verify_config
+from conftest import run_verify
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.embedded import open_embedded_bridge
@@ -40,14 +41,6 @@ TIMEOUT = 60.0
 # The start of codex's own base instructions (codex.md §TL;DR).
 CODEX_DEFAULT_START = "You are Codex"
 PROVIDER = "acp-bridge-test"
-
-
-def append(text: str) -> dict[str, Any]:
-    return {"mode": "append", "content": [{"type": "text", "text": text}]}
-
-
-def override(text: str) -> dict[str, Any]:
-    return {"mode": "override", "content": [{"type": "text", "text": text}]}
 
 
 @pytest.fixture(scope="module")
@@ -76,23 +69,9 @@ def processes_with_home(
     """Pids of live processes whose environment names this CODEX_HOME (or a private home
     the bridge made inside it): codex-acp and whatever it started (``only_codex``: the
     codex-acp processes themselves)."""
-    marker = f"CODEX_HOME={codex_home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            command = (entry / "cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        named = marker in environ if exact else any(e.startswith(marker) for e in environ)
-        if not named or state == "Z":
-            continue
-        if not only_codex or command.endswith(b"/codex-acp"):
-            found.append(int(entry.name))
-    return found
+    return live_processes(
+        f"CODEX_HOME={codex_home}", prefix=not exact, argv0="/codex-acp" if only_codex else None
+    )
 
 
 def codex_processes(codex_home: Path) -> list[int]:
@@ -106,15 +85,9 @@ class CodexSetup:
     state: Path
     endpoint: ModelEndpoint
 
-    def command(self, *bridge_args: str) -> list[str]:
+    def agent_argv(self) -> list[str]:
+        """codex-acp on the endpoint, never asking for approval, unable to write."""
         return [
-            sys.executable,
-            "-m",
-            "acp_bridge",
-            "--state",
-            str(self.state),
-            *bridge_args,
-            "--",
             str(self.binary),
             *agents.codex_endpoint_args(PROVIDER, "test", self.endpoint.url),
             "-c",
@@ -122,6 +95,9 @@ class CodexSetup:
             "-c",
             "sandbox_mode=read-only",
         ]
+
+    def command(self, *bridge_args: str) -> list[str]:
+        return bridge_command(self.state, self.agent_argv(), *bridge_args)
 
     def env(self) -> dict[str, str]:
         return agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
@@ -147,10 +123,7 @@ async def codex(codex_binary: Path, codex_home: Path, tmp_path: Path) -> AsyncIt
 
 
 async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
-    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
-    if prompt is not None:
-        params["systemPrompt"] = prompt
-    result = await client.request("session/new", params)
+    result = await client.request("session/new", session_params(cwd, prompt=prompt))
     session_id: str = result["sessionId"]
     return session_id
 
@@ -158,9 +131,7 @@ async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | Non
 async def ask(codex: CodexSetup, client: AcpClient, session_id: str) -> RecordedRequest:
     """One turn; the model request it caused."""
     before = len(codex.requests_of(session_id))
-    result = await client.request(
-        "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "Hi."}]}
-    )
+    result = await client.request("session/prompt", prompt_params(session_id, "Hi."))
     assert result["stopReason"] == "end_turn"
     requests = codex.requests_of(session_id)
     assert len(requests) == before + 1
@@ -233,10 +204,7 @@ async def test_sessions_reopen_after_a_bridge_restart_with_their_prompts(
                 await ask(codex, client, session)
 
         def reopen(method: str, session: str, prompt: dict[str, Any] | None = None) -> Any:
-            params: dict[str, Any] = {"sessionId": session, "cwd": str(tmp_path), "mcpServers": []}
-            if prompt is not None:
-                params["systemPrompt"] = prompt
-            return client.request(method, params)
+            return client.request(method, session_params(tmp_path, session, prompt))
 
         # Restart, policy keep: prompts re-sent on load, omitted on resume.
         async with codex.bridge() as client:
@@ -278,10 +246,7 @@ async def test_cancelled_prompt_stops_with_cancelled(codex: CodexSetup, tmp_path
 
             async def prompt() -> None:
                 outcome.update(
-                    await client.request(
-                        "session/prompt",
-                        {"sessionId": session, "prompt": [{"type": "text", "text": "Hi."}]},
-                    )
+                    await client.request("session/prompt", prompt_params(session, "Hi."))
                 )
 
             async with trio.open_nursery() as nursery:
@@ -309,13 +274,9 @@ async def test_no_codex_process_is_left_after_the_client_disconnects(
 
 async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: Path) -> None:
     # The shipped preset runs codex-acp through npx; point it at the cached binary instead.
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"agents:\n  codex:\n    command: {json.dumps(str(codex_binary))}\n    args: []\n"
-    )
-    env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path)}
+    config = write_verify_config(tmp_path / "config.yaml", "codex", [str(codex_binary)])
     report = await run_verify(
-        "--config", str(config), "--agent", "codex", env=env, timeout=4 * TIMEOUT
+        "--config", str(config), "--agent", "codex", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
     )
     report.assert_passed()
     # Every step codex can do passes; what it cannot is shown, never hidden.
@@ -331,14 +292,7 @@ async def test_append_prompt_stays_off_every_command_line(
     sessions stay in the user's CODEX_HOME."""
     marker = "MARKER-PRIVATE-APPEND-7"
     options = BridgeOptions(
-        agent_argv=[
-            str(codex.binary),
-            *agents.codex_endpoint_args(PROVIDER, "test", codex.endpoint.url),
-            "-c",
-            "approval_policy=never",
-            "-c",
-            "sandbox_mode=read-only",
-        ],
+        agent_argv=codex.agent_argv(),
         agent_env={"CODEX_HOME": str(codex.home), "FAKE_OPENAI_API_KEY": "sk-acp-bridge-test"},
         shutdown_grace=0.5,
     )
@@ -357,7 +311,7 @@ async def test_append_prompt_stays_off_every_command_line(
             await ask(codex, client, plain)
             # The primary in the user's CODEX_HOME, the prompt's process in a private one.
             assert len(processes_with_home(codex.home, only_codex=True, exact=True)) == 1
-            assert processes_with_env(f"CODEX_SQLITE_HOME={codex.home}")
+            assert live_processes(f"CODEX_SQLITE_HOME={codex.home}")
             for pid in Path("/proc").iterdir():
                 with contextlib.suppress(OSError):
                     assert marker.encode() not in (pid / "cmdline").read_bytes(), pid
@@ -365,9 +319,7 @@ async def test_append_prompt_stays_off_every_command_line(
             assert appended in json.dumps(listed)
         # A restart: the stored prompt brings the session back to a private home.
         async with bridge() as client:
-            await client.request(
-                "session/load", {"sessionId": appended, "cwd": str(tmp_path), "mcpServers": []}
-            )
+            await client.request("session/load", session_params(tmp_path, appended))
             await client.request("session/resume", {"sessionId": plain, "cwd": str(tmp_path)})
             again = await ask(codex, client, appended)
             plain_again = await ask(codex, client, plain)

@@ -10,23 +10,20 @@ the turn's user text.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
-from typing import Any
 
 import agents
 import pytest
 import trio
+from acp_requests import text_prompt
+from agent_home import AgentHome, open_agent_home
+from agent_processes import live_processes
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
-from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.client import ClientRequestError
+from acp_bridge.model_endpoint import RecordedRequest
 
 pytestmark = pytest.mark.e2e
 
@@ -38,10 +35,8 @@ AWKWARD = (
     "---\napplyTo: nothing/at/all\n---\n  {env:HOME} {file:/etc/hostname} {{x}} ${HOME} $& "
     "@README.md é\n\t  \n"
 )
-
-
-def text_prompt(mode: str, text: str) -> dict[str, Any]:
-    return {"mode": mode, "content": [{"type": "text", "text": text}]}
+# The user's own copilot settings and GitHub login of the machine running the tests.
+USER_SETTINGS = ("COPILOT_", "GH_", "GITHUB_TOKEN")
 
 
 def unpacked_cache() -> Path:
@@ -49,112 +44,28 @@ def unpacked_cache() -> Path:
     return agents.cache_root().parent / "copilot-unpacked"
 
 
-@dataclass
-class CopilotHome:
-    """An isolated copilot user (HOME with its ``~/.copilot`` session store) and the
-    bridge's state file; it outlives bridge restarts."""
-
-    binary: Path
-    root: Path
-    endpoint: ModelEndpoint
-    turns: count[int] = field(default_factory=lambda: count(1))
-
-    @property
-    def cwd(self) -> str:
-        return str(self.root / "project")
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
+class CopilotHome(AgentHome):
+    """An isolated copilot user: HOME with its ``~/.copilot`` session store."""
 
     def env(self) -> dict[str, str]:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("COPILOT_", "GH_"))}
-        base.pop("GITHUB_TOKEN", None)
-        return {
-            **agents.clean_agent_env(base),
+        settings = {
             "COPILOT_PROVIDER_BASE_URL": f"{self.endpoint.url}/v1",
             "COPILOT_PROVIDER_API_KEY": "sk-fake",
             "COPILOT_MODEL": "gpt-4.1",
             "COPILOT_OFFLINE": "true",
             "COPILOT_AUTO_UPDATE": "false",
             "COPILOT_PKG_CACHE_HOME": str(unpacked_cache()),
-            "HOME": str(self.home),
-            "XDG_CONFIG_HOME": str(self.home / ".config"),
-            "XDG_STATE_HOME": str(self.home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(self.home / ".cache"),
         }
+        return self.agent_env(USER_SETTINGS, settings)
 
-    def command(self) -> list[str]:
-        state = str(self.root / "bridge-state.sqlite3")
-        return [
-            sys.executable,
-            "-m",
-            "acp_bridge",
-            "--state",
-            state,
-            "--",
-            str(self.binary),
-            "--acp",
-        ]
+    def agent_argv(self) -> list[str]:
+        return [str(self.binary), "--acp"]
 
     def processes(self, *, only_copilot: bool = False) -> list[int]:
         """Live processes of this home (found by their environment): copilot and anything
         it started (``only_copilot``: the copilot processes themselves)."""
-        marker = f"HOME={self.home}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                command = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
-                continue
-            if marker not in environ or state == "Z":
-                continue
-            if not only_copilot or command == str(self.binary).encode():
-                found.append(int(entry.name))
-        return found
-
-    @asynccontextmanager
-    async def bridge(self) -> AsyncIterator[Run]:
-        async with spawn_bridge(self.command(), self.env()) as (client, _):
-            with trio.fail_after(TIMEOUT):
-                result = await client.request("initialize", {"protocolVersion": 1})
-            yield Run(client, result, self)
-
-
-@dataclass
-class Run:
-    """One bridge lifetime, seen from the client."""
-
-    client: AcpClient
-    initialize: dict[str, Any]
-    home: CopilotHome
-
-    async def new(self, prompt: dict[str, Any] | None = None) -> str:
-        params: dict[str, Any] = {"cwd": self.home.cwd, "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        session_id: str = (await self.client.request("session/new", params))["sessionId"]
-        return session_id
-
-    async def load(self, session_id: str) -> None:
-        params = {"sessionId": session_id, "cwd": self.home.cwd, "mcpServers": []}
-        await self.client.request("session/load", params)
-
-    async def turn(self, session_id: str) -> RecordedRequest:
-        """One prompt; the model request of that turn."""
-        token = f"turn-{next(self.home.turns)}-of-{session_id}"
-        await self.client.request(
-            "session/prompt",
-            {"sessionId": session_id, "prompt": [{"type": "text", "text": token}]},
-        )
-        for request in self.home.endpoint.main_requests("openai-chat"):
-            if token in request.last_user_text():
-                return request
-        raise AssertionError(f"no model request carried {token!r}")
+        argv0 = str(self.binary) if only_copilot else None
+        return live_processes(f"HOME={self.home}", argv0=argv0)
 
 
 @pytest.fixture(scope="session")
@@ -164,9 +75,7 @@ def copilot_binary() -> Path:
 
 @pytest.fixture
 async def copilot(copilot_binary: Path, tmp_path: Path) -> AsyncIterator[CopilotHome]:
-    (tmp_path / "project").mkdir()
-    async with open_model_endpoint(reply="the fake model answers") as endpoint:
-        home = CopilotHome(copilot_binary, tmp_path, endpoint)
+    async with open_agent_home(CopilotHome, copilot_binary, tmp_path) as home:
         yield home
     assert home.processes() == []
 
@@ -206,14 +115,7 @@ async def test_sessions_with_different_prompts_share_one_connection(
             first = await run.new(text_prompt("append", "MARKER-ONE"))
             second = await run.new(text_prompt("append", "MARKER-TWO"))
             assert len(copilot.processes(only_copilot=True)) == 3
-            seen: dict[str, RecordedRequest] = {}
-
-            async def turn(session: str) -> None:
-                seen[session] = await run.turn(session)
-
-            async with trio.open_nursery() as nursery:
-                for session in (plain, first, second):
-                    nursery.start_soon(turn, session)
+            seen = await run.turns_at_once(plain, first, second)
             listed = await run.client.request("session/list", {})
     assert "MARKER" not in seen[plain].system_text()
     assert seen[plain].system_text().startswith(COPILOT_DEFAULT_START)
@@ -235,8 +137,8 @@ async def test_load_after_a_bridge_restart_keeps_the_sessions_prompt(
         assert copilot.processes() == []
         # An editor restart: the prompt is omitted on load and the bridge keeps it.
         async with copilot.bridge() as run:
-            await run.load(session)
-            await run.load(plain)
+            await run.reopen("session/load", session)
+            await run.reopen("session/load", plain)
             again = await run.turn(session)
             plain_again = await run.turn(plain)
     assert appended(again, AWKWARD)
@@ -257,15 +159,14 @@ async def test_no_copilot_process_outlives_the_client(copilot: CopilotHome) -> N
 async def test_verify_passes_every_step_against_real_copilot(
     copilot_binary: Path, tmp_path: Path
 ) -> None:
-    config = tmp_path / "config.yaml"
     # The preset unpacks copilot into $HOME/.cache/copilot: share the tests' copy instead.
-    config.write_text(
-        f"agents:\n  copilot:\n    command: {json.dumps(str(copilot_binary))}\n"
-        "    args: [--acp]\n    verify:\n      env:\n"
-        f"        COPILOT_PKG_CACHE_HOME: {json.dumps(str(unpacked_cache()))}\n"
+    config = write_verify_config(
+        tmp_path / "config.yaml",
+        "copilot",
+        [str(copilot_binary), "--acp"],
+        verify_env={"COPILOT_PKG_CACHE_HOME": str(unpacked_cache())},
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("COPILOT_", "GH_"))}
-    env = {**agents.clean_agent_env(base), "HOME": str(tmp_path)}
+    env = isolated_env(tmp_path, without=USER_SETTINGS)
     report = await run_verify("--config", str(config), "--agent", "copilot", env=env, timeout=300)
     report.assert_passed()
     assert not (tmp_path / ".cache" / "copilot").exists()

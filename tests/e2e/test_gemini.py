@@ -8,18 +8,26 @@ flavour) through ``GOOGLE_GEMINI_BASE_URL``; every test asserts on the
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
+from acp_requests import append, override
+from agent_processes import environment_values
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
-from pooled_agent import PooledAgent, append, default_lines, override, share_of
+from pooled_agent import (
+    PooledAgent,
+    assert_interleaved_sessions_keep_their_prompts,
+    assert_no_process_outlives_the_client,
+    default_lines,
+    open_pooled_agent,
+    share_of,
+)
 
-from acp_bridge.client import ClientRequestError, spawn_bridge
-from acp_bridge.model_endpoint import open_model_endpoint
+from acp_bridge.client import ClientRequestError
 
 pytestmark = pytest.mark.e2e
 
@@ -28,18 +36,15 @@ WORD_JOINER = "\u2060"
 
 
 def gemini_env(home: Path, endpoint_url: str) -> dict[str, str]:
-    env = agents.clean_agent_env(os.environ)
-    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GEMINI_SYSTEM_MD", "GEMINI_CLI_HOME"):
-        env.pop(name, None)
-    env.update(
-        HOME=str(home),
+    return isolated_env(
+        home,
+        without=("GEMINI_", "GOOGLE_"),
         GEMINI_API_KEY="acp-bridge-e2e-key",
         GOOGLE_GEMINI_BASE_URL=endpoint_url,
         GEMINI_MODEL="gemini-2.5-flash",
         # One node process per agent, not a relaunched child.
         GEMINI_CLI_NO_RELAUNCH="true",
     )
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -49,35 +54,20 @@ def gemini_command() -> list[str]:
 
 @pytest.fixture
 async def gemini(gemini_command: list[str], tmp_path: Path) -> AsyncIterator[PooledAgent]:
-    home = tmp_path / "home"
-    (home / ".gemini").mkdir(parents=True)
-    # The user's own memory: kept by every process, append and override alike.
-    (home / ".gemini" / "GEMINI.md").write_text("USER-MEMORY-MARK\n")
-    cwd = tmp_path / "project"
-    cwd.mkdir()
-    async with open_model_endpoint() as endpoint:
-        yield PooledAgent(
-            gemini_command,
-            gemini_env(home, endpoint.url),
-            tmp_path / "sessions.sqlite3",
-            endpoint,
-            "gemini",
-            home,
-            cwd,
-        )
+    async with open_pooled_agent(gemini_command, gemini_env, "gemini", tmp_path) as gemini:
+        (gemini.home / ".gemini").mkdir()
+        # The user's own memory: kept by every process, append and override alike.
+        (gemini.home / ".gemini" / "GEMINI.md").write_text("USER-MEMORY-MARK\n")
+        yield gemini
 
 
 async def test_append_lands_at_the_end_and_override_replaces_the_default(
     gemini: PooledAgent,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with gemini.bridge() as client:
-            plain = await gemini.new_session(client)
-            appended = await gemini.new_session(client, append("MARKER-APPEND-1\nline two"))
-            replaced = await gemini.new_session(client, override("MARKER-OVERRIDE-1"))
-            baseline = (await gemini.ask(client, plain)).system_text()
-            with_append = (await gemini.ask(client, appended)).system_text()
-            with_override = (await gemini.ask(client, replaced)).system_text()
+        baseline, with_append, with_override = await gemini.systems_of(
+            None, append("MARKER-APPEND-1\nline two"), override("MARKER-OVERRIDE-1")
+        )
     default = default_lines(baseline)
     assert len(default) > 20 and "MARKER" not in baseline
     assert "USER-MEMORY-MARK" in baseline
@@ -99,26 +89,7 @@ async def test_sessions_with_different_prompts_interleave_on_one_connection(
     gemini: PooledAgent,
 ) -> None:
     with trio.fail_after(TIMEOUT * 2):
-        async with gemini.bridge() as client:
-            appended = await gemini.new_session(client, append("MARKER-A"))
-            plain = await gemini.new_session(client)
-            replaced = await gemini.new_session(client, override("MARKER-O"))
-            seen: dict[str, list[str]] = {appended: [], plain: [], replaced: []}
-
-            async def turn(session: str) -> None:
-                seen[session].append((await gemini.ask(client, session)).system_text())
-
-            for _ in range(2):
-                async with trio.open_nursery() as nursery:
-                    for session in seen:
-                        nursery.start_soon(turn, session)
-    for system in seen[appended]:
-        assert "MARKER-A" in system and "MARKER-O" not in system
-    for system in seen[plain]:
-        assert "MARKER" not in system
-    for system in seen[replaced]:
-        assert system.startswith("MARKER-O") and "MARKER-A" not in system
-    assert all(len(systems) == 2 for systems in seen.values())
+        await assert_interleaved_sessions_keep_their_prompts(gemini)
 
 
 TRICKY = "$HOME {{x}} ${AvailableTools} ${SubAgents}\n@not/an/import.md\n\n\nend of text  \n\n"
@@ -126,11 +97,9 @@ TRICKY = "$HOME {{x}} ${AvailableTools} ${SubAgents}\n@not/an/import.md\n\n\nend
 
 async def test_template_like_text_arrives_as_sent(gemini: PooledAgent) -> None:
     with trio.fail_after(TIMEOUT):
-        async with gemini.bridge() as client:
-            appended = await gemini.new_session(client, append("MARKER-T\n" + TRICKY))
-            replaced = await gemini.new_session(client, override("MARKER-T\n" + TRICKY))
-            with_append = (await gemini.ask(client, appended)).system_text()
-            with_override = (await gemini.ask(client, replaced)).system_text()
+        with_append, with_override = await gemini.systems_of(
+            append("MARKER-T\n" + TRICKY), override("MARKER-T\n" + TRICKY)
+        )
     # gemini trims the text and folds three or more newlines into two (docs/agents.md).
     sent = ("MARKER-T\n" + TRICKY).strip().replace("\n\n\n", "\n\n")
     assert sent in with_append
@@ -171,7 +140,7 @@ async def test_append_home_is_private_and_the_users_settings_are_untouched(
             private = [
                 Path(value)
                 for pid in gemini.processes()
-                for value in _environ(pid, "GEMINI_CLI_HOME")
+                for value in environment_values(pid, "GEMINI_CLI_HOME")
             ]
             assert private, "no process runs with a private GEMINI_CLI_HOME"
             (home,) = set(private)
@@ -186,45 +155,25 @@ async def test_append_home_is_private_and_the_users_settings_are_untouched(
     assert json.loads((user_dir / "settings.json").read_text()) == {"ui": {"theme": "ANSI"}}
 
 
-def _environ(pid: int, name: str) -> list[str]:
-    try:
-        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
-    prefix = f"{name}=".encode()
-    return [e[len(prefix) :].decode() for e in entries if e.startswith(prefix)]
-
-
 async def test_no_gemini_process_is_left_after_the_client_disconnects(
     gemini: PooledAgent,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(gemini.bridge_command(), gemini.env) as (client, bridge):
-            await client.request("initialize", {"protocolVersion": 1})
-            await gemini.new_session(client)
-            await gemini.new_session(client, append("MARKER-1"))
-            await gemini.new_session(client, override("MARKER-2"))
-            running = gemini.processes()
-            assert len(running) >= 3
-        assert bridge.returncode == 0
-    with trio.fail_after(5):
-        while gemini.processes():
-            await trio.sleep(0.05)
+        await assert_no_process_outlives_the_client(gemini)
 
 
 async def test_verify_passes_for_the_gemini_preset(
     gemini_command: list[str], tmp_path: Path
 ) -> None:
     # The shipped preset runs gemini through npx; point it at the cached install instead.
-    config = tmp_path / "config.yaml"
-    node, entry, *args = gemini_command
-    config.write_text(
-        f"agents:\n  gemini:\n    command: {json.dumps(node)}\n"
-        f"    args: {json.dumps([entry, *args])}\n"
-    )
-    env = {**agents.clean_agent_env(os.environ), "HOME": str(tmp_path)}
+    config = write_verify_config(tmp_path / "config.yaml", "gemini", gemini_command)
     report = await run_verify(
-        "--config", str(config), "--agent", "gemini", env=env, timeout=4 * TIMEOUT
+        "--config",
+        str(config),
+        "--agent",
+        "gemini",
+        env=isolated_env(tmp_path),
+        timeout=4 * TIMEOUT,
     )
     report.assert_passed()
     assert report.table.count("PASS") >= 3

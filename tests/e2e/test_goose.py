@@ -9,21 +9,19 @@ asserts the system message the model actually received on a ``session/prompt``.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import agents
 import pytest
 import trio
+from acp_requests import prompt_params, text_prompt
+from agent_home import AgentHome, BridgeRun, open_agent_home
+from bridge_cli import isolated_env
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
-from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
+from acp_bridge.client import ClientRequestError, spawn_bridge
 from acp_bridge.store import SessionStore
 
 pytestmark = pytest.mark.e2e
@@ -38,33 +36,15 @@ TEMPLATE_TEXT = (
     "quotes \"double\" and 'single', a backslash \\ and <html>&amp;"
 )
 TIMEOUT = 120.0
+# The goose and OpenAI settings of the machine running the tests.
+USER_SETTINGS = ("GOOSE_", "OPENAI_")
 
 
-def text_prompt(mode: str, *texts: str) -> dict[str, Any]:
-    return {"mode": mode, "content": [{"type": "text", "text": t} for t in texts]}
-
-
-@dataclass
-class GooseHome:
-    """One isolated goose installation: HOME, XDG dirs, goose's session database, the
-    bridge's state file, and the endpoint goose talks to. It outlives bridge restarts."""
-
-    binary: Path
-    root: Path
-    endpoint: ModelEndpoint
-
-    @property
-    def cwd(self) -> str:
-        return str(self.root / "project")
-
-    @property
-    def state(self) -> Path:
-        return self.root / "bridge-state.sqlite3"
+class GooseHome(AgentHome):
+    """One isolated goose installation: HOME, XDG dirs, goose's session database."""
 
     def env(self) -> dict[str, str]:
-        home = self.root / "home"
-        return {
-            **agents.clean_agent_env(_base_env()),
+        settings = {
             "GOOSE_PROVIDER": "openai",
             "GOOSE_MODEL": "fake-model",
             "OPENAI_HOST": self.endpoint.url,
@@ -73,39 +53,15 @@ class GooseHome:
             "GOOSE_TELEMETRY_ENABLED": "false",
             "GOOSE_DISABLE_SESSION_NAMING": "true",
             "GOOSE_MODE": "auto",
-            "HOME": str(home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_DATA_HOME": str(home / ".local" / "share"),
-            "XDG_STATE_HOME": str(home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(home / ".cache"),
         }
+        return self.agent_env(USER_SETTINGS, settings)
+
+    def agent_argv(self) -> list[str]:
+        return [str(self.binary), "acp"]
 
 
-def _base_env() -> dict[str, str]:
-    """The test's environment without goose or OpenAI settings of the machine running it."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GOOSE_", "OPENAI_"))}
-
-
-@dataclass
-class Run:
+class Run(BridgeRun):
     """One bridge (and goose) process lifetime, seen from the client."""
-
-    client: AcpClient
-    initialize: dict[str, Any]
-    home: GooseHome
-
-    async def new(self, prompt: dict[str, Any] | None = None) -> str:
-        params: dict[str, Any] = {"cwd": self.home.cwd, "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        session_id: str = (await self.client.request("session/new", params))["sessionId"]
-        return session_id
-
-    async def step(self, method: str, session_id: str, prompt: dict[str, Any] | None = None) -> Any:
-        params: dict[str, Any] = {"sessionId": session_id, "cwd": self.home.cwd, "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        return await self.client.request(method, params)
 
     async def close(self, session_id: str) -> None:
         await self.client.request("session/close", {"sessionId": session_id})
@@ -117,10 +73,7 @@ class Run:
     async def system(self, session_id: str) -> str:
         """Prompt the session once; the system message the model received for that turn."""
         seen = len(self.home.endpoint.main_requests("openai-chat"))
-        await self.client.request(
-            "session/prompt",
-            {"sessionId": session_id, "prompt": [{"type": "text", "text": "hello"}]},
-        )
+        await self.client.request("session/prompt", prompt_params(session_id, "hello"))
         requests = await self.home.endpoint.wait_for_requests(seen + 1, flavour="openai-chat")
         return requests[seen].system_text()
 
@@ -132,18 +85,15 @@ def goose_binary() -> Path:
 
 @pytest.fixture
 async def goose_home(goose_binary: Path, tmp_path: Path) -> AsyncIterator[GooseHome]:
-    (tmp_path / "project").mkdir()
-    async with open_model_endpoint(reply="the fake model answers") as endpoint:
-        yield GooseHome(goose_binary, tmp_path, endpoint)
+    async with open_agent_home(GooseHome, goose_binary, tmp_path) as home:
+        yield home
 
 
 @asynccontextmanager
 async def bridge(home: GooseHome, *options: str) -> AsyncIterator[Run]:
     """``acp-bridge [OPTIONS] -- goose acp`` as a subprocess, initialized."""
-    argv = [sys.executable, "-m", "acp_bridge", "--state", str(home.state), *options]
-    argv += ["--", str(home.binary), "acp"]
     with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(argv, env=home.env()) as (client, _process):
+        async with spawn_bridge(home.command(*options), env=home.env()) as (client, _process):
             initialize = await client.request(
                 "initialize", {"protocolVersion": 1, "clientCapabilities": {}}
             )
@@ -221,7 +171,7 @@ async def test_load_after_close_restores_the_prompt(goose_home: GooseHome, resen
     async with bridge(goose_home) as run:
         session = await run.new(prompt)
         await run.close(session)
-        await run.step("session/load", session, prompt if resend else None)
+        await run.reopen("session/load", session, prompt if resend else None)
         system = await run.system(session)
     assert system.startswith(GOOSE_DEFAULT_OPENING)
     assert system.endswith(f"{ADDITIONAL}RELOAD-MARKER")
@@ -235,7 +185,7 @@ async def test_load_after_restart_restores_the_prompt(goose_home: GooseHome, res
         session = await run.new(prompt)
         assert await run.system(session) == "RESTART-MARKER"
     async with bridge(goose_home) as run:
-        await run.step("session/load", session, prompt if resend else None)
+        await run.reopen("session/load", session, prompt if resend else None)
         system = await run.system(session)
     assert system == "RESTART-MARKER"
 
@@ -247,7 +197,7 @@ async def test_load_after_restart_with_on_omitted_default_gets_goose_default(
         session = await run.new(text_prompt("override", "DROPPED-MARKER"))
         assert await run.system(session) == "DROPPED-MARKER"
     async with bridge(goose_home, "--on-omitted", "default") as run:
-        await run.step("session/load", session)
+        await run.reopen("session/load", session)
         system = await run.system(session)
     assert system.startswith(GOOSE_DEFAULT_OPENING)
     assert "DROPPED-MARKER" not in system
@@ -256,9 +206,9 @@ async def test_load_after_restart_with_on_omitted_default_gets_goose_default(
 async def test_load_with_a_changed_mode_clears_the_old_slot(goose_home: GooseHome) -> None:
     async with bridge(goose_home) as run:
         session = await run.new(text_prompt("append", "FIRST-APPEND"))
-        await run.step("session/load", session, text_prompt("override", "THEN-OVERRIDE"))
+        await run.reopen("session/load", session, text_prompt("override", "THEN-OVERRIDE"))
         assert await run.system(session) == "THEN-OVERRIDE"
-        await run.step("session/load", session, text_prompt("append", "THEN-APPEND"))
+        await run.reopen("session/load", session, text_prompt("append", "THEN-APPEND"))
         system = await run.system(session)
     assert system.startswith(GOOSE_DEFAULT_OPENING)
     assert system.endswith(f"{ADDITIONAL}THEN-APPEND")
@@ -272,7 +222,7 @@ async def test_load_with_a_changed_mode_clears_the_old_slot(goose_home: GooseHom
 async def test_fork_inherits_the_parent_prompt(goose_home: GooseHome) -> None:
     async with bridge(goose_home) as run:
         parent = await run.new(text_prompt("override", "FORK-PARENT-MARKER"))
-        child = (await run.step("session/fork", parent))["sessionId"]
+        child = (await run.reopen("session/fork", parent))["sessionId"]
         assert child != parent
         child_system = await run.system(child)
         parent_system = await run.system(parent)
@@ -283,7 +233,7 @@ async def test_fork_inherits_the_parent_prompt(goose_home: GooseHome) -> None:
 async def test_fork_with_its_own_prompt_leaves_the_parent_alone(goose_home: GooseHome) -> None:
     async with bridge(goose_home) as run:
         parent = await run.new(text_prompt("override", "FORK-PARENT"))
-        forked = await run.step("session/fork", parent, text_prompt("append", "FORK-CHILD"))
+        forked = await run.reopen("session/fork", parent, text_prompt("append", "FORK-CHILD"))
         child_system = await run.system(forked["sessionId"])
         parent_system = await run.system(parent)
     assert child_system.startswith(GOOSE_DEFAULT_OPENING)
@@ -330,7 +280,7 @@ async def test_refused_set_leaves_no_session_and_fails_the_request(
         assert sent[-1]["method"] == "session/delete"
         assert sent[-1]["params"] == {"sessionId": created[0]}
         with pytest.raises(ClientRequestError) as load_refused:
-            await run.step("session/load", created[0])
+            await run.reopen("session/load", created[0])
         assert load_refused.value.code == -32002
         assert await run.sessions() == []
         # Without a prompt nothing is set, so the same adapter creates sessions fine.
@@ -353,12 +303,12 @@ async def test_refused_set_leaves_no_session_and_fails_the_request(
 
 
 async def test_verify_passes_for_the_goose_preset(goose_binary: Path, tmp_path: Path) -> None:
-    env = {
-        **agents.clean_agent_env(_base_env()),
-        "GOOSE_BINARY": str(goose_binary),
-        "HOME": str(tmp_path),
-        "XDG_CONFIG_HOME": str(tmp_path / ".config"),
-        "XDG_STATE_HOME": str(tmp_path / ".local" / "state"),
-    }
+    env = isolated_env(
+        tmp_path,
+        without=USER_SETTINGS,
+        GOOSE_BINARY=str(goose_binary),
+        XDG_CONFIG_HOME=str(tmp_path / ".config"),
+        XDG_STATE_HOME=str(tmp_path / ".local" / "state"),
+    )
     report = await run_verify("--agent", "goose", env=env, timeout=TIMEOUT)
     report.assert_passed()

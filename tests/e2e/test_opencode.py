@@ -11,22 +11,21 @@ test picks the turn's request by its user text and asserts its system message.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
 from typing import Any
 
 import agents
 import pytest
 import trio
+from acp_requests import text_prompt
+from agent_home import AgentHome, open_agent_home
+from agent_processes import live_processes
+from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
-from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.client import ClientRequestError
+from acp_bridge.model_endpoint import RecordedRequest
 
 pytestmark = pytest.mark.e2e
 
@@ -41,8 +40,10 @@ AWKWARD = (
 )
 
 
-def text_prompt(mode: str, text: str) -> dict[str, Any]:
-    return {"mode": mode, "content": [{"type": "text", "text": text}]}
+# The user's own opencode settings of the machine running the tests.
+USER_SETTINGS = ("OPENCODE_",)
+# An unreachable npm registry: opencode's own plugin install stays offline.
+OFFLINE_REGISTRY = {"npm_config_registry": "http://127.0.0.1:9/"}
 
 
 def mode_choice(result: dict[str, Any]) -> Any:
@@ -51,23 +52,8 @@ def mode_choice(result: dict[str, Any]) -> Any:
     return [option for option in result.get("configOptions", []) if option["id"] == "mode"]
 
 
-@dataclass
-class OpencodeHome:
-    """An isolated opencode user (HOME, XDG dirs, its session database) and the bridge's
-    state file; it outlives bridge restarts, as a user's home would."""
-
-    binary: Path
-    root: Path
-    endpoint: ModelEndpoint
-    turns: count[int] = field(default_factory=lambda: count(1))
-
-    @property
-    def cwd(self) -> str:
-        return str(self.root / "project")
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
+class OpencodeHome(AgentHome):
+    """An isolated opencode user: HOME, XDG dirs, its session database."""
 
     def env(self) -> dict[str, str]:
         provider = {
@@ -80,85 +66,21 @@ class OpencodeHome:
             "small_model": "fake/fake-model",
             "provider": {"fake": provider},
         }
-        base = {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_")}
-        return {
-            **agents.clean_agent_env(base),
+        settings = {
             "OPENCODE_CONFIG_CONTENT": json.dumps(config),
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-            "npm_config_registry": "http://127.0.0.1:9/",
-            "HOME": str(self.home),
-            "XDG_CONFIG_HOME": str(self.home / ".config"),
-            "XDG_DATA_HOME": str(self.home / ".local" / "share"),
-            "XDG_STATE_HOME": str(self.home / ".local" / "state"),
-            "XDG_CACHE_HOME": str(self.home / ".cache"),
+            **OFFLINE_REGISTRY,
         }
+        return self.agent_env(USER_SETTINGS, settings)
 
-    def command(self) -> list[str]:
-        state = str(self.root / "bridge-state.sqlite3")
-        return [sys.executable, "-m", "acp_bridge", "--state", state, "--", str(self.binary), "acp"]
+    def agent_argv(self) -> list[str]:
+        return [str(self.binary), "acp"]
 
     def processes(self) -> list[int]:
         """Live opencode processes of this home (found by their environment)."""
-        marker = f"HOME={self.home}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                command = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
-                continue
-            if marker in environ and state != "Z" and command.endswith(b"opencode.exe"):
-                found.append(int(entry.name))
-        return found
-
-    @asynccontextmanager
-    async def bridge(self) -> AsyncIterator[Run]:
-        async with spawn_bridge(self.command(), self.env()) as (client, _):
-            with trio.fail_after(TIMEOUT):
-                result = await client.request("initialize", {"protocolVersion": 1})
-            yield Run(client, result, self)
-
-
-@dataclass
-class Run:
-    """One bridge lifetime, seen from the client."""
-
-    client: AcpClient
-    initialize: dict[str, Any]
-    home: OpencodeHome
-
-    async def new(self, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"cwd": self.home.cwd, "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        result: dict[str, Any] = await self.client.request("session/new", params)
-        return result
-
-    async def reopen(
-        self, method: str, session_id: str, prompt: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"sessionId": session_id, "cwd": self.home.cwd, "mcpServers": []}
-        if prompt is not None:
-            params["systemPrompt"] = prompt
-        result: dict[str, Any] = await self.client.request(method, params)
-        return result
-
-    async def turn(self, session_id: str) -> RecordedRequest:
-        """One prompt; the model request of that turn (not opencode's title call)."""
-        token = f"turn-{next(self.home.turns)}-of-{session_id}"
-        await self.client.request(
-            "session/prompt",
-            {"sessionId": session_id, "prompt": [{"type": "text", "text": token}]},
-        )
-        for request in self.home.endpoint.main_requests("openai-chat"):
-            if token in request.last_user_text():
-                return request
-        raise AssertionError(f"no model request carried {token!r}")
+        return live_processes(f"HOME={self.home}", argv0="opencode.exe")
 
 
 @pytest.fixture(scope="session")
@@ -168,9 +90,7 @@ def opencode_binary() -> Path:
 
 @pytest.fixture
 async def opencode(opencode_binary: Path, tmp_path: Path) -> AsyncIterator[OpencodeHome]:
-    (tmp_path / "project").mkdir()
-    async with open_model_endpoint(reply="the fake model answers") as endpoint:
-        home = OpencodeHome(opencode_binary, tmp_path, endpoint)
+    async with open_agent_home(OpencodeHome, opencode_binary, tmp_path) as home:
         yield home
     assert home.processes() == []
 
@@ -190,7 +110,7 @@ def replaced(request: RecordedRequest, text: str) -> bool:
 async def test_append_reaches_the_model_as_sent(opencode: OpencodeHome) -> None:
     with trio.fail_after(TIMEOUT):
         async with opencode.bridge() as run:
-            session = (await run.new(text_prompt("append", AWKWARD)))["sessionId"]
+            session = await run.new(text_prompt("append", AWKWARD))
             request = await run.turn(session)
     assert appended(request, AWKWARD)
     assert "Instructions from: " in request.system_text()
@@ -199,11 +119,11 @@ async def test_append_reaches_the_model_as_sent(opencode: OpencodeHome) -> None:
 async def test_override_replaces_opencodes_prompt_and_keeps_its_modes(
     opencode: OpencodeHome,
 ) -> None:
-    native = agents.probe_initialize([str(opencode.binary), "acp"], opencode.env())["result"]
+    native = agents.probe_initialize(opencode.agent_argv(), opencode.env())["result"]
     with trio.fail_after(TIMEOUT):
         async with opencode.bridge() as run:
-            plain = await run.new()
-            other = await run.new(text_prompt("override", AWKWARD))
+            plain = await run.new_result()
+            other = await run.new_result(text_prompt("override", AWKWARD))
             session = other["sessionId"]
             request = await run.turn(session)
             # The user switches to opencode's other mode: still the client's prompt.
@@ -234,18 +154,11 @@ async def test_sessions_with_different_prompts_share_one_connection(
 ) -> None:
     with trio.fail_after(TIMEOUT * 2):
         async with opencode.bridge() as run:
-            plain = (await run.new())["sessionId"]
-            first = (await run.new(text_prompt("append", "MARKER-ONE")))["sessionId"]
-            second = (await run.new(text_prompt("override", "MARKER-TWO")))["sessionId"]
+            plain = await run.new()
+            first = await run.new(text_prompt("append", "MARKER-ONE"))
+            second = await run.new(text_prompt("override", "MARKER-TWO"))
             assert len(opencode.processes()) == 3
-            seen: dict[str, RecordedRequest] = {}
-
-            async def turn(session: str) -> None:
-                seen[session] = await run.turn(session)
-
-            async with trio.open_nursery() as nursery:
-                for session in (plain, first, second):
-                    nursery.start_soon(turn, session)
+            seen = await run.turns_at_once(plain, first, second)
             listed = await run.client.request("session/list", {"cwd": opencode.cwd})
     assert "MARKER" not in seen[plain].system_text()
     assert seen[plain].system_text().startswith(OPENCODE_DEFAULT_START)
@@ -260,8 +173,8 @@ async def test_load_after_a_bridge_restart_keeps_each_sessions_prompt(
 ) -> None:
     with trio.fail_after(TIMEOUT * 2):
         async with opencode.bridge() as run:
-            first = (await run.new(text_prompt("append", AWKWARD)))["sessionId"]
-            second = (await run.new(text_prompt("override", AWKWARD)))["sessionId"]
+            first = await run.new(text_prompt("append", AWKWARD))
+            second = await run.new(text_prompt("override", AWKWARD))
             await run.turn(first)
             await run.turn(second)
         assert opencode.processes() == []
@@ -288,13 +201,9 @@ async def test_the_users_own_config_stays_in_force_under_the_bridges_layer(
     (config_dir / "opencode.json").write_text(json.dumps(own))
     with trio.fail_after(TIMEOUT):
         async with opencode.bridge() as run:
-            plain = await run.turn((await run.new())["sessionId"])
-            extended = await run.turn(
-                (await run.new(text_prompt("append", "MARKER-A")))["sessionId"]
-            )
-            replaced_by_client = await run.turn(
-                (await run.new(text_prompt("override", "MARKER-O")))["sessionId"]
-            )
+            plain = await run.turn(await run.new())
+            extended = await run.turn(await run.new(text_prompt("append", "MARKER-A")))
+            replaced_by_client = await run.turn(await run.new(text_prompt("override", "MARKER-O")))
     assert plain.system_text().startswith("USER-BUILD\n")
     # append adds to the user's instructions; override replaces the user's agent prompt too.
     assert extended.system_text().startswith("USER-BUILD\n")
@@ -332,16 +241,10 @@ async def test_no_opencode_process_outlives_the_client(opencode: OpencodeHome) -
 async def test_verify_passes_every_step_against_real_opencode(
     opencode_binary: Path, tmp_path: Path
 ) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"agents:\n  opencode:\n    command: {json.dumps(str(opencode_binary))}\n    args: [acp]\n"
+    config = write_verify_config(
+        tmp_path / "config.yaml", "opencode", [str(opencode_binary), "acp"]
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_")}
-    env = {
-        **agents.clean_agent_env(base),
-        "HOME": str(tmp_path),
-        "npm_config_registry": "http://127.0.0.1:9/",
-    }
+    env = isolated_env(tmp_path, without=USER_SETTINGS, **OFFLINE_REGISTRY)
     report = await run_verify("--config", str(config), "--agent", "opencode", env=env, timeout=600)
     report.assert_passed()
     assert report.table.count("PASS") == 13, report.table

@@ -1,0 +1,46 @@
+"""Finding a real agent's live processes by what their environment holds.
+
+The end-to-end tests give each agent an environment entry of its own (a private ``HOME``,
+a ``CODEX_HOME``), so the processes the bridge starts for it, and whatever those start in
+turn, are the live processes whose ``/proc/<pid>/environ`` holds that entry. A zombie is
+not live.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def live_processes(entry: str, *, prefix: bool = False, argv0: str | None = None) -> list[int]:
+    """Pids of live processes whose environment holds ``entry`` (``NAME=value``).
+
+    With ``prefix`` an entry that only starts with it counts too (a directory made inside
+    a named one); with ``argv0`` only processes whose ``argv[0]`` ends with it count (the
+    agent itself, not what it started).
+    """
+    wanted = entry.encode()
+    program = None if argv0 is None else argv0.encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (proc / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        named = any(e.startswith(wanted) for e in environ) if prefix else wanted in environ
+        if named and state != "Z" and (program is None or command.endswith(program)):
+            found.append(int(proc.name))
+    return found
+
+
+def environment_values(pid: int, name: str) -> list[str]:
+    """The values of ``name`` in a process's environment (none once it has gone)."""
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+    prefix = f"{name}=".encode()
+    return [e[len(prefix) :].decode() for e in entries if e.startswith(prefix)]

@@ -1,0 +1,216 @@
+"""``jsonrpc.parse``'s short path agrees with the long one on every line, valid or not.
+
+``parse`` reads the usual line through json's C scanner and hands everything else to
+``parse_in_full``; both must give the same frame, or the same error, for any line. Lines
+come from hypothesis: JSON-RPC-shaped objects written with duplicate and escaped keys, odd
+ids, lone surrogates and random whitespace, then mutated byte by byte.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from acp_bridge.jsonrpc import CANCEL_REQUEST, Frame, FrameError, Kind, parse, parse_in_full
+
+WHITESPACE = st.sampled_from(["", "", "", " ", "  ", "\t", "\r", "\n"])
+
+# Strings json writes or reads: lone surrogates, quotes and control characters escaped.
+TEXTS = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["s", "", 'a"b', "\\", "\ud800", "\udfff x", "é", "\x00", "sess_1"]),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=10**600, max_value=10**700),  # near json's integer digit limit
+    st.floats(allow_nan=False, allow_infinity=False),
+    TEXTS,
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(TEXTS, inner, max_size=4)),
+    max_leaves=12,
+)
+KEYS = st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error", "x"])
+
+
+@st.composite
+def written_values(draw: st.DrawFn) -> str:
+    """A JSON value as text, sometimes with whitespace and non-ASCII left unescaped (a lone
+    surrogate written that way makes the line invalid UTF-8)."""
+    value = draw(VALUES)
+    ensure_ascii = draw(st.integers(0, 3)) > 0
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,", " :")]))
+    return json.dumps(value, ensure_ascii=ensure_ascii, separators=separators)
+
+
+def written_key(draw: st.DrawFn, key: str) -> str:
+    if draw(st.integers(0, 9)) == 0:
+        # The same key with an escape in it, which json reads as the plain key.
+        return f'"\\u{ord(key[0]):04x}{key[1:]}"'
+    return json.dumps(key)
+
+
+ODD_IDS = ["0", "-0", "-7", "1.0", "1e3", "true", "[]", "{}", '"a\\"b"', '"\\ud800"',
+           '"\\u00e9"', '"é"', "9" * 700]  # fmt: skip
+IDS = st.one_of(st.integers(-5, 10**20).map(str), st.sampled_from(['"s-1"', "null", *ODD_IDS]))
+METHODS = st.sampled_from(["session/update", "session/prompt", CANCEL_REQUEST, 'a"b', ""])
+
+
+@st.composite
+def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
+    """An object text shaped like a request, notification or response (or nothing in
+    particular), members in any order, some keys repeated, escaped or of the wrong type."""
+    shape = draw(st.sampled_from(["request", "notification", "result", "error", "any"]))
+    members: list[tuple[str, str]] = [("jsonrpc", '"2.0"')]
+    if shape in ("request", "result", "error"):
+        members.append(("id", draw(IDS)))
+    if shape in ("request", "notification"):
+        members.append(("method", json.dumps(draw(METHODS))))
+        if draw(st.booleans()):
+            members.append(("params", draw(params(depth))))
+    if shape in ("result", "error"):
+        members.append((shape, draw(written_values())))
+    for _ in range(draw(st.integers(0, 3))):
+        key = draw(KEYS)
+        if key == "id":
+            value = draw(IDS)
+        elif key == "method":
+            value = draw(st.one_of(METHODS.map(json.dumps), written_values()))
+        elif key == "params":
+            value = draw(params(depth))
+        else:
+            value = draw(written_values())
+        members.insert(draw(st.integers(0, len(members))), (key, value))
+    written = []
+    for key, value in members:
+        ws = [draw(WHITESPACE) for _ in range(3)]
+        written.append(f"{ws[0]}{written_key(draw, key)}{ws[1]}:{ws[2]}{value}")
+    return "{" + ",".join(written) + draw(WHITESPACE) + "}"
+
+
+def params(depth: int) -> st.SearchStrategy[str]:
+    session = st.one_of(TEXTS, SCALARS).map(lambda v: json.dumps({"sessionId": v}))
+    nested = objects(depth=depth + 1) if depth < 2 else written_values()
+    scalar = SCALARS.map(json.dumps)  # not valid params for a request or notification
+    return st.one_of(session, nested, written_values(), scalar)
+
+
+@st.composite
+def lines(draw: st.DrawFn) -> bytes:
+    text: str = draw(
+        st.one_of(
+            objects(),
+            objects(),
+            objects(),
+            objects(),
+            st.lists(objects(), max_size=3).map(lambda items: "[" + ",".join(items) + "]"),
+            written_values(),
+        )
+    )
+    return (draw(WHITESPACE) + text + draw(WHITESPACE)).encode("utf-8", "surrogatepass")
+
+
+INTERESTING_BYTES = b'{}[],:"\\ 0123456789-.eEtfnu\x00\x1f\x7f\xc3\xa9\xed\xa0\x80\xef\xbb\xbf\xff'
+
+
+@st.composite
+def mutated_lines(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(lines()))
+    for _ in range(draw(st.integers(1, 4))):
+        position = draw(st.integers(0, len(data)))
+        byte = draw(st.sampled_from(list(INTERESTING_BYTES)))
+        operation = draw(st.sampled_from(["insert", "replace", "delete", "truncate"]))
+        if operation == "insert" or not data:
+            data.insert(position, byte)
+        elif operation == "replace":
+            data[min(position, len(data) - 1)] = byte
+        elif operation == "delete":
+            del data[min(position, len(data) - 1)]
+        else:
+            del data[position:]
+    return bytes(data)
+
+
+def assert_agrees(raw: bytes) -> Frame | None:
+    try:
+        expected = parse_in_full(raw)
+    except FrameError as error:
+        try:
+            parse(raw)
+        except FrameError as short:
+            assert (short.code, short.message, short.request_id) == (
+                error.code,
+                error.message,
+                error.request_id,
+            ), raw
+            return None
+        raise AssertionError(f"parse accepted a line parse_in_full refuses: {raw!r}") from None
+    frame = parse(raw)
+    assert frame == expected, raw
+    assert frame.kind is expected.kind
+    assert frame.id == expected.id and type(frame.id) is type(expected.id)
+    assert frame.method == expected.method and frame.params == expected.params
+    assert frame.raw is raw
+    return frame
+
+
+SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(lines())
+@example(b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{}}}')
+@example(b'{"id":1,"id":"two","method":"m"}')
+@example(b'{"id":1.0,"method":"m"}')
+@example(b'{"id":"a\\"b\\ud800","result":null}')
+@example(b'{"\\u0069d":7,"method":"m"}')
+@example(b'{"method":null,"id":3,"result":{}}')
+@example(b'{"method":"m","params":3}')
+@example(b'{"method":"m","params":{"sessionId":"a"},"params":[]}')
+@example(b'{"id":true,"result":1}')
+@example(b'{"id":false,"method":"m"}')
+@example(b'{"id":[1],"method":"m","params":{}}')
+@example(b'\xef\xbb\xbf{"id":1,"result":1}')
+@example(b'{"id":1,"result":NaN}')
+@example(b'{"id":1,"result":1} x')
+@example(b'{"id":1,"result":1}\r\n ')
+@example(b'{"id":' + b"9" * 5000 + b',"result":1}')
+@example(b"[" * 100_000 + b"]" * 100_000)
+def test_parse_agrees_with_parse_in_full_on_generated_lines(raw: bytes) -> None:
+    assert_agrees(raw)
+
+
+@SETTINGS
+@given(mutated_lines())
+def test_parse_agrees_with_parse_in_full_on_mutated_lines(raw: bytes) -> None:
+    assert_agrees(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "request_id", "method"),
+    [
+        (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{}}}',
+         Kind.NOTIFICATION, None, "session/update"),
+        (b'{"jsonrpc":"2.0","id":"a\\"b","method":"session/prompt","params":{"sessionId":"x"}}',
+         Kind.REQUEST, 'a"b', "session/prompt"),
+        (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"bad"}}',
+         Kind.RESPONSE, None, None),
+        (b'{"params":{"deep":{"id":9}},"id":"\\ud800","result":{}}',
+         Kind.RESPONSE, "\ud800", None),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"m"}]', Kind.BATCH, None, None),
+        (b' {"jsonrpc":"2.0","id":1,"method":"m"}', Kind.REQUEST, 1, "m"),
+    ],
+)  # fmt: skip
+def test_parse_reads_the_envelope(
+    raw: bytes, kind: Kind, request_id: Any, method: str | None
+) -> None:
+    frame = assert_agrees(raw)
+    assert frame is not None
+    assert (frame.kind, frame.id, frame.method) == (kind, request_id, method)
