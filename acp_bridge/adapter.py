@@ -259,6 +259,16 @@ class Adapter:
         """
         return []
 
+    def redact(self, direction: str, message: JsonObject) -> JsonObject:
+        """``message`` as ``--trace`` may show it: a copy without the prompt text in this
+        adapter's own wire forms (``acp_bridge.trace.redact_at`` helps). Never edit in place.
+
+        ``direction`` is the trace's (``"bridge->agent"``, ``"agent->client"``, …). The
+        client's own forms (``systemPrompt``, ``_meta.systemPrompt``) are already redacted
+        by the tracer before this is called, whatever the adapter does.
+        """
+        return message
+
     @classmethod
     def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:
         """Methods this agent version advertises but that fail upstream: method -> reason.

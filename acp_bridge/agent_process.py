@@ -1,37 +1,92 @@
-"""Supervision of one agent process: spawn in its own process group, orderly shutdown.
+"""Supervision of one agent process: spawn in its own process group, quick orderly shutdown,
+and nothing left behind even when the bridge itself is killed.
 
 The agent gets the bridge's full environment plus configured extras (editors pass API
 keys through the environment, so nothing is trimmed). Its stderr is the bridge's stderr.
-Shutdown closes stdin, waits a grace period, then signals the whole process group
-(SIGTERM, then SIGKILL), so wrappers such as ``npx`` cannot leave their child behind.
+
+Shutdown closes stdin and gives the agent a moment (:data:`EOF_WAIT`) to exit by itself,
+then signals the whole process group (SIGTERM, then SIGKILL after the grace), so wrappers
+such as ``npx`` cannot leave their child behind. Should the bridge die without shutting
+down (an editor SIGKILLs it), a watchdog process per group (``agent_watchdog.py``) ends
+the group and removes the agent's private files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Final
 
 import trio
+
+from acp_bridge.agent_watchdog import Processes, any_running, outside_group, signal_processes
+from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 
 log = logging.getLogger("acp_bridge.agent")
 
 # How often to look whether a signalled process group has emptied.
 _GROUP_POLL: Final = 0.02
+# How long an agent gets to exit by itself after stdin EOF before it is sent SIGTERM. The
+# agents that do exit on EOF take 0.1-0.4 s; clients (the ACP SDKs) SIGKILL a proxy that
+# takes 2 s to go, so the whole shutdown must fit in well under a second.
+EOF_WAIT: Final = 0.4
+# How long the watchdog lets a group of an already dead bridge handle SIGTERM.
+WATCHDOG_GRACE: Final = 0.5
+_WATCHDOG: Final = Path(__file__).with_name("agent_watchdog.py")
+_RELEASE: Final = b"."
 
 
 class AgentStartError(Exception):
-    """The agent command could not be started."""
+    """The agent command could not be started: ``command`` (argv[0]) and ``cause`` in words."""
+
+    def __init__(self, command: str, cause: str) -> None:
+        super().__init__(f"The agent command {command!r} could not be started: {cause}.")
+        self.command = command
+        self.cause = cause
+
+    def error_object(self) -> JsonObject:
+        """The JSON-RPC error a client gets for its ``initialize`` when the agent cannot start."""
+        return {
+            "code": INTERNAL_ERROR,
+            "message": str(self),
+            "data": {"command": self.command, "cause": self.cause},
+        }
+
+
+def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -> str:
+    if isinstance(exc, FileNotFoundError):
+        missing = exc.filename
+        if cwd is not None and missing == cwd:
+            return f"its working directory {cwd} does not exist"
+        return f"{exc.strerror or 'No such file or directory'} (is it installed and on PATH?)"
+    if isinstance(exc, PermissionError):
+        return f"{exc.strerror or 'Permission denied'} (is it an executable file?)"
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.ENOEXEC:
+            return f"{reason} (not a program, and no #! line)"
+        return reason
+    return str(exc) or type(exc).__name__
 
 
 class AgentProcess:
     """A running agent. Use :meth:`start`, read ``stdout``, write ``stdin``, then :meth:`stop`."""
 
-    def __init__(self, process: trio.Process, argv: Sequence[str]) -> None:
+    def __init__(
+        self,
+        process: trio.Process,
+        argv: Sequence[str],
+        *,
+        watchdog: subprocess.Popen[bytes] | None = None,
+        watchdog_pipe: int | None = None,
+    ) -> None:
         self.process = process
         self.argv = list(argv)
         assert process.stdin is not None and process.stdout is not None
@@ -40,6 +95,10 @@ class AgentProcess:
         self.pgid = process.pid  # start_new_session makes the child its group leader
         self._stdin_closed = False
         self.terminated_by_bridge = False
+        self._watchdog = watchdog
+        self._watchdog_pipe = watchdog_pipe
+        # Descendants that left the agent's group (setsid), seen while the tree stood.
+        self._escaped: Processes = {}
 
     @classmethod
     async def start(
@@ -48,7 +107,16 @@ class AgentProcess:
         *,
         extra_env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        private_files: Sequence[str] = (),
     ) -> AgentProcess:
+        """Start ``argv`` in a new process group, watched until :meth:`stop`.
+
+        ``private_files`` (paths, e.g. a prompt file the agent reads) are removed by the
+        watchdog should the bridge die before it could clean up itself.
+        Raises :class:`AgentStartError` if the command cannot be started.
+        """
+        if not argv:
+            raise AgentStartError("", "the command is empty")
         env = {**os.environ, **(extra_env or {})}
         try:
             process = await trio.lowlevel.open_process(
@@ -60,10 +128,21 @@ class AgentProcess:
                 cwd=cwd,
                 start_new_session=True,
             )
-        except OSError as exc:
-            raise AgentStartError(f"cannot start agent {argv[0]!r}: {exc.strerror or exc}") from exc
-        log.debug("started agent pid %d: %s", process.pid, " ".join(argv))
-        return cls(process, argv)
+        except (OSError, ValueError) as exc:
+            # ValueError: an argument or variable with a NUL byte, say.
+            cause = _describe_start_failure(exc, argv[0], cwd)
+            raise AgentStartError(argv[0], cause) from exc
+        log.debug("started agent pid %d: %s", process.pid, argv[0])
+        _reap_released()
+        try:
+            watchdog, pipe = _start_watchdog(process.pid, private_files)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await process.wait()
+            raise
+        return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
 
     @property
     def pid(self) -> int:
@@ -84,7 +163,13 @@ class AgentProcess:
                 await self.stdin.aclose()
 
     def signal_group(self, signum: int) -> bool:
-        """Signal every process in the agent's group; False when the group is empty."""
+        """Signal every process in the agent's group; False when the group is empty.
+
+        Descendants found outside the group (:meth:`_note_escaped`) get the signal too,
+        except for the existence probe (signal 0).
+        """
+        if signum:
+            signal_processes(self._escaped, signum)
         try:
             os.killpg(self.pgid, signum)
         except ProcessLookupError:
@@ -93,33 +178,123 @@ class AgentProcess:
             return False
         return True
 
+    def _note_escaped(self) -> None:
+        """Remember the agent's descendants that left its group, while the agent still
+        stands to lead to them (once it exits they belong to init)."""
+        if self.process.returncode is None:
+            self._escaped.update(outside_group(self.pid, self.pgid))
+
     def group_alive(self) -> bool:
-        return self.signal_group(0)
+        """Whether any process of the agent's group still runs (zombies do not count)."""
+        if not self.signal_group(0):
+            return False
+        if self.process.returncode is None:
+            return True
+        # The leader is gone and reaped: what answers may be orphans that exited but wait
+        # for init to reap them, which some inits do only every second or so.
+        return _group_has_running_member(self.pgid)
 
     async def _wait_group(self, timeout: float) -> bool:
         """Wait until the agent and everything in its group has gone; True if it did."""
         with trio.move_on_after(timeout) as scope:
             await self.process.wait()
-            while self.group_alive():
+            while self.group_alive() or any_running(self._escaped):
                 await trio.sleep(_GROUP_POLL)
         return not scope.cancelled_caught
 
-    async def stop(self, grace: float) -> int:
-        """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Returns the status.
+    async def stop(self, grace: float, *, eof_wait: float = EOF_WAIT) -> int:
+        """Close stdin, wait ``eof_wait``, SIGTERM the group, wait ``grace``, SIGKILL the
+        group. Returns the agent's status.
 
         Shielded: shutdown must finish even when the caller is being cancelled.
         """
         with trio.CancelScope(shield=True):
+            self._note_escaped()
             await self.close_stdin()
-            if not await self._wait_group(grace):
+            if not await self._wait_group(min(eof_wait, grace)):
                 log.debug("agent pid %d still running after EOF; sending SIGTERM", self.pid)
                 self.terminated_by_bridge = self.process.returncode is None
+                self._note_escaped()
                 self.signal_group(signal.SIGTERM)
                 if not await self._wait_group(grace):
                     log.warning("agent pid %d ignored SIGTERM; sending SIGKILL", self.pid)
+                    self._note_escaped()
                     self.signal_group(signal.SIGKILL)
                     await self.process.wait()
                     # Give the kernel a moment to reap the rest of the group.
                     await self._wait_group(grace)
             status = await self.process.wait()
+            await self._release_watchdog()
         return status
+
+    async def _release_watchdog(self) -> None:
+        """The group is gone: tell the watchdog so. It exits at once; it is reaped later
+        (:func:`_reap_released`), so that stopping an agent does not wait for it."""
+        pipe, self._watchdog_pipe = self._watchdog_pipe, None
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(pipe, _RELEASE)
+            os.close(pipe)
+        if self._watchdog is not None:
+            _released.append(self._watchdog)
+            self._watchdog = None
+        _reap_released()
+
+    def __del__(self) -> None:
+        # An AgentProcess dropped without stop(): closing the pipe makes the watchdog end
+        # the group, as if the bridge had died.
+        pipe = getattr(self, "_watchdog_pipe", None)
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(pipe)
+
+
+# Watchdogs told to exit and not reaped yet: each start or stop reaps those that have
+# exited, so a long-running server does not collect zombies.
+_released: list[subprocess.Popen[bytes]] = []
+
+
+def _reap_released() -> None:
+    _released[:] = [watchdog for watchdog in _released if watchdog.poll() is None]
+
+
+def _group_has_running_member(pgid: int) -> bool:
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def _start_watchdog(pgid: int, private_files: Sequence[str]) -> tuple[subprocess.Popen[bytes], int]:
+    # A plain Popen, not a trio.Process: it is reaped by poll() from whichever trio run
+    # (or none) comes next, and a trio.Process must not be touched outside its own run.
+    # Spawning it takes about a millisecond (vfork), so the event loop is not held up.
+    read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
+    try:
+        argv = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pgid), str(WATCHDOG_GRACE)]
+        argv += [os.fspath(p) for p in private_files]
+        watchdog = subprocess.Popen(
+            argv,
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            # Its own session: a signal to the bridge's process group must not take it along.
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return watchdog, write_end

@@ -119,7 +119,7 @@ class Runtime:
         try:
             return await spawn_process(argv, env)
         except AgentStartError as exc:
-            raise AgentStartError(self.explain(str(exc))) from exc
+            raise AgentStartError(exc.command, self.explain(exc.cause)) from exc
 
 
 def _common_options(func: Any) -> Any:

@@ -38,20 +38,25 @@ class OverlongLine:
 
 
 class LineSplitter:
-    """Split a byte stream into lines of at most ``limit`` bytes."""
+    """Split a byte stream into lines of at most ``limit`` bytes.
+
+    Memory: a line that arrives within one read is sliced out of it; a line spread over
+    reads is gathered in one growing buffer, so it costs its own size however small the
+    reads (a slow writer's line arrives a few bytes at a time), plus one copy when it is
+    complete: at most about twice its size.
+    """
 
     def __init__(self, limit: int = DEFAULT_LINE_LIMIT) -> None:
         if limit < 1:
             raise ValueError("line limit must be positive")
         self.limit = limit
-        self._chunks: list[bytes | bytearray] = []
-        self._buffered = 0
+        self._buffer = bytearray()
         self._discarding = False  # inside an over-long line, waiting for its end
         self._discarded = 0
 
     def feed(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
         """Take more bytes; return every line they completed, in order."""
-        if self._buffered or self._discarding:
+        if self._buffer or self._discarding:
             return self._feed_after_partial(data)
         # Nothing held from an earlier read, the usual case on a busy stream: split the
         # whole read at once (one C call) instead of searching line by line.
@@ -78,19 +83,19 @@ class LineSplitter:
             self._keep(data[start:newline])
             out.append(self._finish())
             start = newline + 1
-            if not self._buffered and not self._discarding:
+            if not self._buffer and not self._discarding:
                 # The held line is complete: the rest goes the fast way.
                 return out + self.feed(data[start:])
 
     def close(self) -> list[Line | OverlongLine]:
         """End of stream: a final line without a terminator still counts."""
-        if self._discarding or self._buffered:
+        if self._discarding or self._buffer:
             return [self._finish()]
         return []
 
     @property
     def buffered(self) -> int:
-        return self._buffered
+        return len(self._buffer)
 
     def _keep(self, piece: bytes | bytearray) -> None:
         if not piece:
@@ -99,14 +104,13 @@ class LineSplitter:
             self._discarded += len(piece)
             return
         # One spare byte: a line of exactly ``limit`` bytes may still end in ``\r\n``.
-        if self._buffered + len(piece) > self.limit + 1:
+        if len(self._buffer) + len(piece) > self.limit + 1:
             self._discarding = True
-            self._discarded = self._buffered + len(piece)
-            self._chunks.clear()
-            self._buffered = 0
+            self._discarded = len(self._buffer) + len(piece)
+            self._buffer = bytearray()  # gives the memory back, unlike clear()
             return
-        self._chunks.append(piece)
-        self._buffered += len(piece)
+        # One buffer, not a list of reads: each read would cost a Python object of its own.
+        self._buffer += piece
 
     def _finish(self) -> Line | OverlongLine:
         if self._discarding:
@@ -114,14 +118,12 @@ class LineSplitter:
             self._discarding = False
             self._discarded = 0
             return OverlongLine(size)
-        data = b"".join(self._chunks)
-        self._chunks.clear()
-        self._buffered = 0
-        if data.endswith(b"\r"):
-            data = data[:-1]
-        elif len(data) > self.limit:
-            return OverlongLine(len(data))
-        return Line(data)
+        buffer, self._buffer = self._buffer, bytearray()
+        if buffer.endswith(b"\r"):
+            del buffer[-1]  # in place: no copy of the whole line
+        elif len(buffer) > self.limit:
+            return OverlongLine(len(buffer))
+        return Line(bytes(buffer))
 
 
 def join_lines(frames: Iterable[bytes]) -> Iterator[bytes]:

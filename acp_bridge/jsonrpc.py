@@ -10,6 +10,8 @@ import enum
 import json
 import math
 import secrets
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from json.scanner import make_scanner
@@ -129,6 +131,11 @@ def _reject_constant(name: str) -> Any:
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 
 
+def decode(text: str) -> Any:
+    """JSON text to a value, as :func:`parse` reads it; raises ValueError or RecursionError."""
+    return _DECODER.decode(text)
+
+
 # json's C scanner itself, from the decoder above (so NaN and Infinity stay rejected):
 # what JSONDecoder.decode runs after two regular-expression matches for whitespace.
 # (typeshed declares the context argument as a scanner, where it is any JSONDecoder.)
@@ -186,9 +193,17 @@ def encode(message: Any) -> bytes:
     """Serialise a message the bridge wrote or changed: compact, UTF-8, no newline inside.
 
     Whatever arrived as valid JSON can be written again: a lone surrogate (``"\\ud800"``
-    is valid JSON, not valid UTF-8) stays a ``\\u`` escape, and a number too large for a
-    float (``1e400`` reads as infinity) is written as ``1e999``, never as ``Infinity``.
+    is valid JSON, not valid UTF-8) stays a ``\\u`` escape, a number too large for a
+    float (``1e400`` reads as infinity) is written as ``1e999``, never as ``Infinity``,
+    and a message nested as deep as :func:`parse` allows is written from any stack.
     """
+    try:
+        return _encode(message)
+    except RecursionError:
+        return _with_headroom(_encode, message)
+
+
+def _encode(message: Any) -> bytes:
     try:
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return text.encode()
@@ -213,6 +228,24 @@ def _encode_infinities(message: Any) -> bytes:
     text = json.dumps(replace(message), separators=(",", ":"), allow_nan=False)
     quoted = json.dumps(marker)
     return text.replace('"-' + quoted[1:], "-1e999").replace(quoted, "1e999").encode()
+
+
+_RECURSION_LOCK: Final = threading.Lock()
+# The parser may have run on a shallower stack than the caller of encode(), so a message
+# it accepted can exceed the recursion limit there. Its depth is bounded by the limit, so a
+# few times the limit always suffices (the Python-level walk of _encode_infinities takes
+# two frames a level), and the real depth, hence the C stack used, does not change.
+_HEADROOM: Final = 4
+
+
+def _with_headroom(encoder: Callable[[Any], bytes], message: Any) -> bytes:
+    with _RECURSION_LOCK:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(_HEADROOM * limit)
+        try:
+            return encoder(message)
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def error_object(code: int, message: str, data: Any = None) -> JsonObject:

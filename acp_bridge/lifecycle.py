@@ -31,6 +31,17 @@ class Lifecycle:
     ) -> None:
         self.store.save(self.agent, session_id, prompt, live=True, parent_id=parent_id)
 
+    def save_new(
+        self, session_id: str, prompt: SystemPrompt | None, *, parent_id: str | None = None
+    ) -> None:
+        """A session the agent has just created (``session/new``, ``session/fork``): its
+        conversation starts now, even if the agent reused the id of an older one (agents
+        that number sessions per process do after a restart), so nothing stored for that id
+        (what was delivered into it, its parent) carries over."""
+        self.store.save(
+            self.agent, session_id, prompt, live=True, parent_id=parent_id, new_conversation=True
+        )
+
     def set_live(self, session_id: str, live: bool) -> None:
         self.store.set_live(self.agent, session_id, live)
 

@@ -428,17 +428,9 @@ class Bridge:
                     except FrameError:
                         continue
                     if frame.kind is jsonrpc.Kind.REQUEST:
-                        self._sink(
-                            CLIENT,
-                            jsonrpc.encode(
-                                jsonrpc.error_response(
-                                    frame.id,
-                                    jsonrpc.INTERNAL_ERROR,
-                                    f"The bridge could not start the agent: {failure}",
-                                    {"command": list(self.options.agent_argv)},
-                                )
-                            ),
-                        )
+                        # Only argv[0] is named: the arguments may hold prompt text.
+                        answer = {"jsonrpc": "2.0", "id": frame.id, "error": failure.error_object()}
+                        self._sink(CLIENT, jsonrpc.encode(answer))
                         answered = answered or frame.method == "initialize"
                 await self.flush_client()
                 if not data or answered:
@@ -754,6 +746,8 @@ class Bridge:
         if self.adapter is None:
             self._choose_adapter(result)
         assert self.adapter is not None
+        # Each adapter names the wire forms it puts the prompt in, for the trace to hide.
+        self.tracer.redactor = self.adapter.redact
         delivery = self.adapter.delivery(result)
         if delivery is not None and not self.options.allow_override:
             delivery = Delivery(append=delivery.append, override=False)
@@ -817,12 +811,13 @@ class Bridge:
         try:
             if call.method == "session/new" and isinstance(new_id, str):
                 opened = new_id
-                await self._store(self.lifecycle.save, new_id, call.prompt)
+                # A new conversation, even under an id the agent handed out before.
+                await self._store(self.lifecycle.save_new, new_id, call.prompt)
                 self.live.add(new_id)
             elif call.method == "session/fork" and isinstance(new_id, str):
                 opened = new_id
                 await self._store(
-                    self.lifecycle.save, new_id, call.prompt, parent_id=call.session_id
+                    self.lifecycle.save_new, new_id, call.prompt, parent_id=call.session_id
                 )
                 if call.prompt is not None and call.delivered == call.prompt.fingerprint():
                     await self._store(self.lifecycle.set_delivered, new_id, call.delivered)

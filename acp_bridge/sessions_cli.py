@@ -64,6 +64,13 @@ def list_sessions(ctx: click.Context, agent: str | None, as_json: bool) -> None:
     if not records:
         click.echo("No stored sessions." if agent is None else f"No stored sessions of {agent}.")
         return
+    damaged = [r for r in records if r.damaged is not None]
+    if damaged:
+        click.echo(
+            f"{len(damaged)} stored session(s) cannot be read (mode 'damaged'); "
+            "'sessions show' says why, 'sessions forget' removes them.",
+            err=True,
+        )
     rows = [("AGENT", "SESSION ID", "MODE", "LIVE", "UPDATED")]
     rows += [
         (r.agent, r.session_id, _mode(r), "yes" if r.live else "no", _local_time(r.updated_at))
@@ -111,6 +118,8 @@ def show_session(
             ("fingerprint", prompt.fingerprint()),
             ("in conversation", delivered),
         ]
+    if record.damaged is not None:
+        fields.append(("damaged", record.damaged))
     width = max(len(name) for name, _ in fields) + 1
     for name, value in fields:
         click.echo(f"{name + ':':<{width}} {value}")
@@ -173,8 +182,8 @@ def _find(store: SessionStore | None, session_id: str, agent: str | None) -> Ses
     if store is None:
         matches = []
     elif agent is not None:
-        record = store.get(agent, session_id)
-        matches = [] if record is None else [record]
+        # Listed rather than read: a damaged row is still shown (and can be forgotten).
+        matches = [r for r in store.list(agent) if r.session_id == session_id]
     else:
         matches = [r for r in store.list() if r.session_id == session_id]
     if not matches:
@@ -190,6 +199,8 @@ def _find(store: SessionStore | None, session_id: str, agent: str | None) -> Ses
 
 
 def _mode(record: SessionRecord) -> str:
+    if record.damaged is not None:
+        return "damaged"
     return "default" if record.prompt is None else record.prompt.mode
 
 
@@ -206,6 +217,7 @@ def _summary(record: SessionRecord) -> dict[str, Any]:
         "delivered": record.delivered,
         "createdAt": _utc_time(record.created_at),
         "updatedAt": _utc_time(record.updated_at),
+        **({"damaged": record.damaged} if record.damaged is not None else {}),
     }
 
 

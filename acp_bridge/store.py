@@ -9,6 +9,11 @@ instead of losing rows. The file holds client prompts, so it is private to the u
 
 The store is synchronous and cheap (one indexed row per call); a single connection is
 guarded by a lock so it may also be used from worker threads.
+
+A session is *live* while the bridge process that opened it runs and has not closed it:
+each row records its owner (pid and process start time, so a reused pid does not count),
+and liveness is judged when the row is read. A bridge killed with SIGKILL therefore
+leaves no session that looks live.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from pydantic import ValidationError
 from acp_bridge.system_prompt import SystemPrompt
 
 MEMORY: Final = ":memory:"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 # Writers hold the lock for one row's worth of work; ten seconds only runs out when
 # another process is stuck inside a transaction, and then failing loudly is better.
 BUSY_TIMEOUT_MS: Final = 10_000
+# Between attempts to switch a new file to WAL while another process does the same.
+_WAL_RETRY_PAUSE: Final = 0.01
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
 
@@ -51,7 +58,29 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions (updated_at);
 """
-_COLUMNS: Final = "agent, session_id, prompt, live, delivered, parent_id, created_at, updated_at"
+# Version 2: who holds a session live (see the module docstring).
+_OWNER_COLUMNS: Final = ("owner_pid INTEGER", "owner_started TEXT")
+_COLUMNS: Final = (
+    "agent, session_id, prompt, live, delivered, parent_id, created_at, updated_at, "
+    "owner_pid, owner_started"
+)
+
+
+_INSERT: Final = f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?) "
+_SET_OPENED: Final = (
+    "prompt = excluded.prompt, live = excluded.live, updated_at = excluded.updated_at, "
+    "owner_pid = excluded.owner_pid, owner_started = excluded.owner_started"
+)
+# Load, resume, a new prompt: the conversation and what it already holds stay.
+_SAME_CONVERSATION: Final = (
+    f"{_INSERT} ON CONFLICT (agent, session_id) DO UPDATE SET {_SET_OPENED}, "
+    "parent_id = COALESCE(excluded.parent_id, sessions.parent_id)"
+)
+# The id was handed out again for a conversation that starts now: nothing carries over.
+_NEW_CONVERSATION: Final = (
+    f"{_INSERT} ON CONFLICT (agent, session_id) DO UPDATE SET {_SET_OPENED}, "
+    "parent_id = excluded.parent_id, delivered = NULL, created_at = excluded.created_at"
+)
 
 
 class StoreError(Exception):
@@ -70,45 +99,71 @@ class SessionRecord:
     parent_id: str | None
     created_at: float
     updated_at: float
+    owner_pid: int | None = None
+    """The bridge process that last opened the session, while it is live."""
+    damaged: str | None = None
+    """Why the stored prompt could not be read (``prompt`` is then None); listing only."""
 
 
 class SessionStore:
     """Session state in one SQLite file (or ``":memory:"``)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000
+    ) -> None:
         self.path = os.fspath(path)
+        self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._closed = False
+        self._owner = (os.getpid(), process_started(os.getpid()))
         in_memory = self.path == MEMORY
         if not in_memory:
             _create_private_file(Path(self.path))
         try:
             self._db = sqlite3.connect(
                 self.path,
-                timeout=BUSY_TIMEOUT_MS / 1000,
+                timeout=busy_timeout,
                 isolation_level=None,  # transactions are explicit, see _write()
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the session database: {exc}") from exc
         try:
-            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             if not in_memory:
-                self._db.execute("PRAGMA journal_mode = WAL")
+                self._use_wal()
                 # WAL makes NORMAL durable against crashes of the bridge; only a power
                 # loss can roll back the last commits, which costs at most a re-sent prompt.
                 self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.Error as exc:
             self._db.close()
-            raise StoreError(
-                f"{self.path}: not a usable acp-bridge session database: {exc}"
-            ) from exc
+            raise StoreError(f"{self.path}: {_describe(exc, self.busy_timeout)}") from exc
         except StoreError:
             self._db.close()
             raise
         if not in_memory:
             _restrict_companions(Path(self.path))
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL, unless it already is.
+
+        Two processes opening one new file at once both try to switch it; SQLite then
+        answers one of them SQLITE_BUSY at once, without waiting on the busy timeout
+        (waiting could deadlock). So: retry until the busy timeout, and skip the switch
+        (which needs an exclusive lock) when another process already made it.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                (mode,) = self._db.execute("PRAGMA journal_mode").fetchone()
+                if str(mode).lower() != "wal":
+                    self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(_WAL_RETRY_PAUSE)
 
     @staticmethod
     def default_path() -> Path:
@@ -134,19 +189,23 @@ class SessionStore:
         *,
         live: bool = True,
         parent_id: str | None = None,
+        new_conversation: bool = False,
     ) -> SessionRecord:
         """Insert or update a session; an existing row keeps ``created_at``, ``delivered``
-        and (unless a new one is given) ``parent_id``."""
-        wire = None if prompt is None else json.dumps(prompt.to_wire(), ensure_ascii=False)
+        and (unless a new one is given) ``parent_id``.
+
+        ``new_conversation``: the agent handed out this id for a conversation that starts
+        now (``session/new`` of an agent that numbers sessions per process, restarted), so
+        nothing of an older row with the same id carries over.
+        """
+        wire = None if prompt is None else json.dumps(prompt.to_wire())
         now = time.time()
+        owner_pid, owner_started = self._owner if live else (None, None)
+        upsert = _NEW_CONVERSATION if new_conversation else _SAME_CONVERSATION
         with self._write() as db:
             db.execute(
-                f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, ?, ?, ?) "
-                "ON CONFLICT (agent, session_id) DO UPDATE SET "
-                "prompt = excluded.prompt, live = excluded.live, "
-                "parent_id = COALESCE(excluded.parent_id, sessions.parent_id), "
-                "updated_at = excluded.updated_at",
-                (agent, session_id, wire, int(live), parent_id, now, now),
+                upsert,
+                (agent, session_id, wire, int(live), parent_id, now, now, owner_pid, owner_started),
             )
             row = db.execute(
                 f"SELECT {_COLUMNS} FROM sessions WHERE agent = ? AND session_id = ?",
@@ -155,10 +214,13 @@ class SessionStore:
         return self._record(row)
 
     def set_live(self, agent: str, session_id: str, live: bool) -> None:
+        """Mark a session open (owned by this process) or closed."""
+        owner_pid, owner_started = self._owner if live else (None, None)
         with self._write() as db:
             db.execute(
-                "UPDATE sessions SET live = ?, updated_at = ? WHERE agent = ? AND session_id = ?",
-                (int(live), time.time(), agent, session_id),
+                "UPDATE sessions SET live = ?, owner_pid = ?, owner_started = ?, updated_at = ? "
+                "WHERE agent = ? AND session_id = ?",
+                (int(live), owner_pid, owner_started, time.time(), agent, session_id),
             )
 
     def set_delivered(self, agent: str, session_id: str, fingerprint: str | None) -> None:
@@ -196,7 +258,8 @@ class SessionStore:
         query += " ORDER BY updated_at DESC, rowid DESC"
         with self._read() as db:
             rows = db.execute(query, params).fetchall()
-        return [self._record(row) for row in rows]
+        # One damaged row must not hide every other session: it is listed as damaged.
+        return [self._record(row, damaged_ok=True) for row in rows]
 
     def close(self) -> None:
         with self._lock:
@@ -217,7 +280,10 @@ class SessionStore:
             try:
                 yield self._db
             except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: cannot read the session database: {exc}") from exc
+                reason = _describe(exc, self.busy_timeout)
+                raise StoreError(
+                    f"{self.path}: cannot read the session database: {reason}"
+                ) from exc
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -234,7 +300,10 @@ class SessionStore:
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: cannot write the session database: {exc}") from exc
+                reason = _describe(exc, self.busy_timeout)
+                raise StoreError(
+                    f"{self.path}: cannot write the session database: {reason}"
+                ) from exc
 
     def _check_open(self) -> None:
         if self._closed:
@@ -244,16 +313,17 @@ class SessionStore:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: the session database has schema version {version}, newer than "
-                f"this acp-bridge understands ({SCHEMA_VERSION}); upgrade acp-bridge"
-            )
+        self._refuse_newer(version)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             # Another bridge may have created the schema while this one waited for the lock.
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            if version == 0:
+            self._refuse_newer(version)
+            if version == 1:
+                for column in _OWNER_COLUMNS:
+                    self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version == 0:
                 foreign = self._db.execute(
                     "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'sessions'"
                 ).fetchall()
@@ -266,34 +336,147 @@ class SessionStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
+                for column in _OWNER_COLUMNS:
+                    self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column}")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
 
-    def _record(self, row: tuple[object, ...]) -> SessionRecord:
-        agent, session_id, wire, live, delivered, parent_id, created_at, updated_at = row
-        assert isinstance(agent, str) and isinstance(session_id, str)
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: the session database has schema version {version}, newer than "
+                f"this acp-bridge understands ({SCHEMA_VERSION}); upgrade acp-bridge, or "
+                "choose another state path"
+            )
+
+    def _record(self, row: tuple[object, ...], *, damaged_ok: bool = False) -> SessionRecord:
+        (agent, session_id, wire, live, delivered, parent_id, created_at, updated_at) = row[:8]
+        owner_pid, owner_started = row[8:10]
         prompt = None
-        if wire is not None:
-            try:
+        damaged = None
+        try:
+            if not isinstance(agent, str) or not isinstance(session_id, str):
+                raise ValueError("its agent or session id is not text")
+            if wire is not None:
                 prompt = SystemPrompt.from_wire(json.loads(str(wire)))
-            except (ValueError, ValidationError) as exc:
+            created, updated = _timestamp(created_at), _timestamp(updated_at)
+        except (ValueError, TypeError, RecursionError, ValidationError) as exc:
+            damaged = f"the stored session is damaged: {_first_line(exc)}"
+            if not damaged_ok:
                 raise StoreError(
-                    f"{self.path}: the stored prompt of session {session_id!r} "
-                    f"(agent {agent!r}) is damaged: {exc}"
+                    f"{self.path}: session {session_id!r} (agent {agent!r}): {damaged}; "
+                    f"forget it with: acp-bridge sessions forget {session_id} --agent {agent}"
                 ) from exc
+            prompt, created, updated = (
+                None,
+                _timestamp(created_at, 0.0),
+                _timestamp(updated_at, 0.0),
+            )
+        pid = owner_pid if isinstance(owner_pid, int) else None
         return SessionRecord(
-            agent=agent,
-            session_id=session_id,
+            agent=str(agent),
+            session_id=str(session_id),
             prompt=prompt,
-            live=bool(live),
+            live=bool(live) and pid is not None and _owner_alive(pid, owner_started),
             delivered=None if delivered is None else str(delivered),
             parent_id=None if parent_id is None else str(parent_id),
-            created_at=float(str(created_at)),
-            updated_at=float(str(updated_at)),
+            created_at=created,
+            updated_at=updated,
+            owner_pid=pid,
+            damaged=damaged,
         )
+
+
+def _timestamp(value: object, default: float | None = None) -> float:
+    try:
+        return float(str(value))
+    except ValueError:
+        if default is None:
+            raise
+        return default
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _describe(exc: sqlite3.Error, busy_timeout: float) -> str:
+    """What went wrong, in words that say what to do."""
+    text = str(exc)
+    lower = text.lower()
+    if _is_busy(exc):
+        return (
+            f"another process holds the database's lock (waited {busy_timeout:g} s); "
+            "is a bridge stuck? try again"
+        )
+    if "not a database" in lower:
+        return (
+            "the file is not an SQLite database, or its header is damaged; move it away "
+            "or choose another state path (--state, bridge.state)"
+        )
+    if "malformed" in lower or "corrupt" in lower:
+        return (
+            f"the database is damaged ({text}); move it away or choose another state "
+            "path (--state, bridge.state)"
+        )
+    if "readonly" in lower or "unable to open" in lower or "read-only" in lower:
+        return (
+            f"{text}: the file or its folder is not writable (SQLite also writes "
+            "-wal and -shm files next to it)"
+        )
+    return text
+
+
+def process_started(pid: int) -> str | None:
+    """An identity of process ``pid`` that a later process with the same pid will not
+    have (boot id and start time); None if the process does not exist. Without /proc,
+    the pid alone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _pid_exists(pid)
+    if fields[0] == b"Z":
+        return None
+    return f"{_boot_id()}:{fields[19].decode()}"  # field 22 of stat: starttime
+
+
+def _pid_exists(pid: int) -> str | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return ""
+
+
+_BOOT_ID: str | None = None
+
+
+def _boot_id() -> str:
+    global _BOOT_ID  # noqa: PLW0603 - read once per process
+    if _BOOT_ID is None:
+        try:
+            _BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            _BOOT_ID = ""
+    return _BOOT_ID
+
+
+def _owner_alive(pid: int, started: object) -> bool:
+    current = process_started(pid)
+    return current is not None and current == started
 
 
 def _create_private_file(path: Path) -> None:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
 
@@ -36,11 +36,18 @@ class TextBlock(BaseModel):
 class SystemPrompt(BaseModel):
     """A validated client prompt. Extra keys (``_meta`` and future ones) are kept."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+    # ``_meta`` is kept among the extra keys (parse_system_prompt checks it is an object): a
+    # declared field would also claim a key named after its attribute, such as "meta".
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     mode: Mode
     content: tuple[TextBlock, ...]
-    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        """The prompt's ``_meta`` object, if it has one."""
+        value = (self.model_extra or {}).get("_meta")
+        return value if isinstance(value, dict) else None
 
     @property
     def text(self) -> str:
@@ -53,7 +60,10 @@ class SystemPrompt(BaseModel):
         return digest.hexdigest()[:32]
 
     def to_wire(self) -> JsonObject:
-        wire: JsonObject = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # Python mode: JSON mode would encode strings as UTF-8 and fail on a lone surrogate
+        # (valid JSON) in _meta or annotations; jsonrpc.encode writes those.
+        wire: JsonObject = self.model_dump(mode="python")
+        wire["content"] = list(wire["content"])
         return wire
 
     @classmethod
@@ -116,7 +126,19 @@ def parse_system_prompt(
         text = block.get("text")
         if not isinstance(text, str):
             raise PromptRejected("A systemPrompt text block needs a string text.", f"{where}.text")
-        total += len(text.encode())
+        for key in ("annotations", "_meta"):  # optional objects of the schema's TextContent
+            if block.get(key) is not None and not isinstance(block[key], dict):
+                raise PromptRejected(
+                    f"The {key} of a systemPrompt text block must be an object.", f"{where}.{key}"
+                )
+        try:
+            total += len(text.encode())
+        except UnicodeEncodeError:
+            # Valid JSON ("\\ud800") but not text: no agent or model could receive it as sent.
+            raise PromptRejected(
+                "A systemPrompt text block holds a lone surrogate, which is not valid text.",
+                f"{where}.text",
+            ) from None
     if total > max_bytes:
         raise PromptRejected(
             f"The systemPrompt text is {total} bytes, more than the limit of {max_bytes}.",
@@ -125,7 +147,13 @@ def parse_system_prompt(
     meta = value.get("_meta")
     if meta is not None and not isinstance(meta, dict):
         raise PromptRejected("The systemPrompt _meta must be an object.", f"{FIELD}._meta")
-    return SystemPrompt.model_validate(value)
+    try:
+        return SystemPrompt.model_validate(value)
+    except ValidationError as exc:
+        # The checks above cover the schema; this names the field should the model differ.
+        location = exc.errors()[0]["loc"] if exc.errors() else ()
+        field = FIELD + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location)
+        raise PromptRejected("The systemPrompt does not match the schema.", field) from None
 
 
 META_FIELD: Final = "_meta.systemPrompt"

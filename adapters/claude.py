@@ -27,6 +27,7 @@ from acp_bridge.adapter import Adapter, AgentError, AgentExited, Delivery, Lifec
 from acp_bridge.capabilities import agent_name, is_v2, session_capabilities
 from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.trace import redact_at
 
 LEGACY_NAMES: Final = frozenset(
     {"@zed-industries/claude-agent-acp", "@zed-industries/claude-code-acp"}
@@ -40,6 +41,9 @@ AGENT_NAMES: Final = LEGACY_NAMES | {SUCCESSOR_NAME}
 SNAPSHOT_SINCE: Final = (0, 73, 0)
 
 Version = tuple[int, ...]
+
+# Where the override text sits in a lifecycle request for versions that pin prompts.
+CUSTOM_PROMPT_PATH: Final = ("params", "_meta", "claudeCode", "options", "systemPrompt", "prompt")
 
 
 def parse_version(text: object) -> Version | None:
@@ -122,6 +126,11 @@ class ClaudeAdapter(Adapter):
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)
+
+    def redact(self, direction: str, message: JsonObject) -> JsonObject:
+        """The override of versions that pin prompts (``_meta.systemPrompt`` itself is one of
+        the client's forms, which the tracer always redacts)."""
+        return redact_at(message, CUSTOM_PROMPT_PATH)
 
     def _agent(self, call: LifecycleCall) -> ClaudeAgent:
         return ClaudeAgent.from_initialize(call.link.initialize_result)

@@ -37,6 +37,7 @@ from acp_bridge.adapter import (
 from acp_bridge.capabilities import agent_name, is_v2
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.trace import redact_at
 
 SET_METHOD: Final = "_goose/unstable/session/system-prompt/set"
 
@@ -102,6 +103,12 @@ class GooseAdapter(Adapter):
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)
+
+    def redact(self, direction: str, message: JsonObject) -> JsonObject:
+        """The text of the bridge's own system-prompt/set requests."""
+        if message.get("method") != SET_METHOD:
+            return message
+        return redact_at(message, ("params", "text"))
 
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject:
         """Advertise ``fork``, which goose implements without advertising it."""

@@ -56,6 +56,11 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
     parser.add_argument("--ignore-eof", action="store_true")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--grandchild-pidfile")
+    parser.add_argument(
+        "--grandchild-own-session",
+        action="store_true",
+        help="start the grandchild in a session of its own, out of the agent's group",
+    )
     parser.add_argument("--fail-method", action="append", default=[])
     parser.add_argument("--session-prefix", default="", help="prefix of new session ids")
     parser.add_argument("--sent")
@@ -81,6 +86,7 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
                 "time.sleep(3600)\n",
             ],
             stdin=subprocess.DEVNULL,
+            start_new_session=args.grandchild_own_session,
         )
         with open(args.grandchild_pidfile, "w") as f:
             f.write(str(child.pid))

@@ -60,7 +60,7 @@ def test_check_with_no_override_policy_advertises_append_only() -> None:
 def test_check_names_a_command_that_cannot_start() -> None:
     result = CliRunner().invoke(main, ["check", "--", "/nonexistent/agent"])
     assert result.exit_code == 1
-    assert "cannot start agent '/nonexistent/agent'" in result.output
+    assert "The agent command '/nonexistent/agent' could not be started" in result.output
 
 
 def test_unknown_adapter_and_missing_agent_are_usage_errors() -> None:

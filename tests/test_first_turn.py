@@ -183,3 +183,34 @@ async def test_failed_turn_does_not_count_as_delivered(tmp_path: Path) -> None:
                 await peer.prompt(sid)
     assert deliveries(failing, sid, *PROMPT) == 1
     assert deliveries(working, sid, *PROMPT) == 1
+
+
+async def test_a_reused_session_id_after_restart_is_a_new_conversation(tmp_path: Path) -> None:
+    # The fake agent numbers sessions per process, as some agents do: after a restart
+    # session/new hands out the same id again, for a conversation that holds nothing yet.
+    restart = Restart(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        sid = await prompted_before_restart(restart)
+        async with restart.after() as peer:
+            again = await peer.new(wire_prompt(*PROMPT))
+            await peer.prompt(again)
+            await peer.prompt(again)
+    assert again == sid
+    assert deliveries(restart.second, sid, *PROMPT) == 1
+
+
+def test_store_starts_a_new_conversation_for_a_reused_id(tmp_path: Path) -> None:
+    from acp_bridge.lifecycle import Lifecycle
+    from acp_bridge.system_prompt import SystemPrompt
+
+    prompt = SystemPrompt.of_text("append", *PROMPT)
+    with SessionStore(tmp_path / "state.db") as store:
+        lifecycle = Lifecycle(store, AGENT_NAME)
+        lifecycle.save_new("sess-1", prompt, parent_id="old-parent")
+        lifecycle.set_delivered("sess-1", prompt.fingerprint())
+        lifecycle.save("sess-1", prompt)  # a load keeps the conversation
+        assert lifecycle.get("sess-1").delivered == prompt.fingerprint()  # type: ignore[union-attr]
+        lifecycle.save_new("sess-1", prompt)  # the id handed out again
+        record = lifecycle.get("sess-1")
+    assert record is not None
+    assert (record.delivered, record.parent_id) == (None, None)

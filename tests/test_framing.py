@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import tracemalloc
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -144,6 +147,40 @@ def test_large_frame_is_written_from_its_own_buffer_in_order() -> None:
 
 def test_no_frames_write_nothing() -> None:
     assert list(join_lines([])) == []
+
+
+def peak_while(action: Callable[[], object]) -> int:
+    """Peak bytes allocated by Python while ``action`` runs."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        action()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("read_size", [8, 4096, 65536])
+def test_a_line_costs_at_most_twice_its_size_however_small_the_reads(read_size: int) -> None:
+    # A peer that writes slowly is read in small pieces; each piece must not cost a Python
+    # object of its own while the line is buffered.
+    size = 1 << 20
+    reads = [b"a" * read_size] * (size // read_size)  # the same object: only the splitter counts
+    splitter = LineSplitter()
+
+    def split() -> None:
+        for piece in reads:
+            splitter.feed(piece)
+        (line,) = splitter.feed(b"\r\n")
+        assert isinstance(line, Line) and len(line.data) == size
+
+    assert peak_while(split) < 2.3 * size
+
+
+def test_lines_complete_in_one_read_are_not_copied_twice() -> None:
+    data = b"x" * (1 << 20) + b"\n"
+    splitter = LineSplitter()
+    assert peak_while(lambda: splitter.feed(data)) < 1.3 * len(data)
 
 
 def expected_lines(stream: bytes, limit: int) -> list[Line | OverlongLine]:

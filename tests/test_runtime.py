@@ -175,7 +175,8 @@ async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
             assert answer["id"] == 1
             assert "/no/such/agent" in answer["error"]["message"]
             assert "No such file" in answer["error"]["message"]
-            assert answer["error"]["data"] == {"command": ["/no/such/agent", "--acp"]}
+            assert answer["error"]["data"]["command"] == "/no/such/agent"
+            assert "--acp" not in json.dumps(answer)  # arguments may hold prompt text
             assert await bridge.process.wait() != 0
 
 

@@ -372,3 +372,67 @@ async def test_lifecycle_request_sent_before_initialize_answer_is_still_validate
                 )
             assert_rejected(error, "systemPrompt.mode")
             await assert_agent_saw_no_lifecycle_request(peer, agent)
+
+
+# --- keys beyond mode, content and _meta follow the schema ------------------------------
+
+
+@pytest.mark.parametrize("meta", ["x", 7, None, {"a": 1}, [1]])
+def test_a_key_named_meta_is_an_unknown_key_kept_as_it_came(meta: Any) -> None:
+    value = {**wire_prompt("a"), "meta": meta}
+    parsed = parse_system_prompt(value, override_allowed=False)
+    assert parsed is not None
+    assert parsed.to_wire() == {**wire_prompt("a"), "meta": meta}
+    assert "_meta" not in parsed.to_wire()
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({**wire_prompt("a"), "_meta": [1]}, "systemPrompt._meta"),
+        (
+            {"mode": "append", "content": [{"type": "text", "text": "a", "_meta": "x"}]},
+            "systemPrompt.content[0]._meta",
+        ),
+        (
+            {"mode": "append", "content": [{"type": "text", "text": "a", "annotations": 3}]},
+            "systemPrompt.content[0].annotations",
+        ),
+    ],
+)
+def test_known_optional_keys_of_the_wrong_type_are_rejected_naming_them(
+    value: Any, field: str
+) -> None:
+    with pytest.raises(PromptRejected) as caught:
+        parse_system_prompt(value, override_allowed=False)
+    assert caught.value.field == field
+    assert_one_sentence(caught.value.error()["message"])
+
+
+def test_unknown_keys_of_prompt_and_blocks_are_kept() -> None:
+    value = {
+        "mode": "append",
+        "content": [{"type": "text", "text": "a", "future": {"x": 1}, "_meta": None}],
+        "future": [1, 2],
+        "_meta": None,
+    }
+    parsed = parse_system_prompt(value, override_allowed=False)
+    assert parsed is not None
+    wire = parsed.to_wire()
+    assert wire["future"] == [1, 2]
+    assert wire["content"][0]["future"] == {"x": 1}
+
+
+async def test_prompt_with_a_meta_key_through_the_bridge_is_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.jsonl")
+    with trio.fail_after(TIMEOUT):
+        async with in_process_peer(agent) as peer:
+            session_id = await peer.new({**wire_prompt("a"), "meta": "not-an-object"})
+            await peer.prompt(session_id)
+            error = await peer.error(
+                "session/new",
+                lifecycle_params("session/new", None, {**wire_prompt("a"), "_meta": 5}),
+            )
+            assert_rejected(error, "systemPrompt._meta")

@@ -1,0 +1,80 @@
+"""Peak RSS of the bridge process (VmHWM) after it relayed one line just under the limit.
+
+Starts ``python -m acp_bridge -- echo_agent``, reads the bridge's VmHWM once it is idle,
+sends one ``_bench/blob`` notification of ``--mib`` MiB (forwarded untouched) followed by
+a small request, waits for that request's answer, and reads VmHWM again.
+
+    python bench/bridge_line_memory.py [--mib 63]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+AGENT = Path(__file__).with_name("echo_agent.py")
+
+
+def hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=float, default=63.0)
+    args = parser.parse_args()
+    size = int(args.mib * 1024 * 1024)
+    with tempfile.TemporaryDirectory() as home:
+        bridge = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "acp_bridge",
+                "--state",
+                ":memory:",
+                "--",
+                sys.executable,
+                str(AGENT),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={"XDG_CONFIG_HOME": home, "XDG_STATE_HOME": home, "PATH": "/usr/bin:/bin"},
+        )
+        assert bridge.stdin is not None and bridge.stdout is not None
+        ping = b'{"jsonrpc":"2.0","id":1,"method":"bench/echo","params":{}}\n'
+        bridge.stdin.write(ping)
+        bridge.stdin.flush()
+        bridge.stdout.readline()
+        before = hwm_mib(bridge.pid)
+        head = b'{"jsonrpc":"2.0","method":"_bench/blob","params":{"data":"'
+        tail = b'"}}\n'
+        bridge.stdin.write(head)
+        piece = b"a" * (1 << 20)
+        remaining = size - len(head) - len(tail)
+        while remaining > 0:
+            bridge.stdin.write(piece[: min(remaining, len(piece))])
+            remaining -= len(piece)
+        bridge.stdin.write(tail)
+        bridge.stdin.write(ping.replace(b'"id":1', b'"id":2'))
+        bridge.stdin.flush()
+        answer = json.loads(bridge.stdout.readline())
+        assert answer["id"] == 2, answer
+        after = hwm_mib(bridge.pid)
+        bridge.stdin.close()
+        bridge.wait(timeout=30)
+    line = size / 1024 / 1024
+    print(
+        f"line {line:.0f} MiB: bridge peak RSS {before:.0f} MiB before, {after:.0f} MiB after "
+        f"(+{after - before:.0f} MiB = {(after - before) / line:.1f}x the line)"
+    )
+
+
+if __name__ == "__main__":
+    main()

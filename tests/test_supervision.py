@@ -1,0 +1,273 @@
+"""Process supervision (spec §3): nothing outlives a killed bridge, shutdown is quick, and
+an agent that cannot start is described in words a client can show."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from conftest import OpenBridge, RunningBridge, pid_alive
+
+from acp_bridge.agent_process import AgentProcess, AgentStartError
+
+# The target of spec §3: an agent that honours SIGTERM is gone, and the bridge has exited,
+# within 1 s of the client's EOF or signal.
+QUICK_EXIT = 1.0
+# A killed bridge's agents and their children must be gone by then.
+NO_SURVIVOR_AFTER = 2.0
+
+
+async def ready(bridge: RunningBridge) -> None:
+    await bridge.request("ready", "_test/echo", {})
+    await bridge.response_to("ready")
+
+
+def watchdogs_of(pgid: int) -> list[int]:
+    """Processes running the watchdog script for this process group."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        watchdog = any(a.endswith(b"agent_watchdog.py") for a in argv)
+        if watchdog and str(pgid).encode() in argv and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+async def watchdogs_running(pgid: int) -> list[int]:
+    """The group's watchdogs, once started (a forked child shows its parent's command line
+    until it has exec'd)."""
+    with trio.move_on_after(5):
+        while not (found := watchdogs_of(pgid)):
+            await trio.sleep(0.02)
+        return found
+    return []
+
+
+async def survivors_after(pids: list[int], seconds: float) -> list[int]:
+    deadline = trio.current_time() + seconds
+    while trio.current_time() < deadline:
+        alive = [pid for pid in pids if pid_alive(pid)]
+        if not alive:
+            return []
+        await trio.sleep(0.05)
+    return [pid for pid in pids if pid_alive(pid)]
+
+
+# --- the bridge SIGKILLed ----------------------------------------------------------------
+
+
+async def test_sigkilled_bridge_leaves_no_agent_grandchild_or_watchdog(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge("--ignore-eof", "--ignore-term", grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            assert len(pids) == 2
+            agent = pids[0]
+            assert await watchdogs_running(agent), "no watchdog runs for the agent's group"
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
+            assert await survivors_after(watchdogs_of(agent), 1.0) == []
+
+
+async def test_sigkilled_bridge_leaves_no_grandchild_that_started_its_own_session(
+    open_bridge: OpenBridge,
+) -> None:
+    # codex-acp starts its shell snapshot this way: out of the agent's process group.
+    args = ("--ignore-eof", "--ignore-term", "--grandchild-own-session")
+    with trio.fail_after(30):
+        async with open_bridge(*args, grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            assert len(pids) == 2
+            await watchdogs_running(pids[0])
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
+
+
+async def test_shutdown_leaves_no_grandchild_that_started_its_own_session(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge("--grandchild-own-session", grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            await bridge.close_stdin()
+            await bridge.read_to_eof()
+            await bridge.wait()
+            assert [pid for pid in pids if pid_alive(pid)] == []
+
+
+HOLDER = """
+import sys, time, trio
+from acp_bridge.agent_process import AgentProcess
+
+async def main():
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    argv = [sys.executable, "-c", code]
+    agent = await AgentProcess.start(argv, private_files=[sys.argv[1]])
+    print(agent.pid, flush=True)
+    await trio.sleep(600)
+
+trio.run(main)
+"""
+
+
+async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.md"
+    prompt_file.write_text("private")
+    prompt_file.chmod(0o600)
+    with trio.fail_after(30):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", HOLDER, str(prompt_file)], stdout=subprocess.PIPE
+        )
+        assert holder.stdout is not None
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await holder.stdout.receive_some(100)
+        agent = int(line)
+        holder.kill()
+        await holder.wait()
+        assert await survivors_after([agent], NO_SURVIVOR_AFTER) == []
+        deadline = trio.current_time() + 1
+        while prompt_file.exists() and trio.current_time() < deadline:
+            await trio.sleep(0.02)
+    assert not prompt_file.exists()
+
+
+async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        agent = await AgentProcess.start([sys.executable, "-c", "import time; time.sleep(60)"])
+        (watchdog,) = await watchdogs_running(agent.pgid)
+        await agent.stop(1.0)
+        assert await survivors_after([watchdog], 1.0) == []
+        # Reaped by the next start or stop: no zombie is left in a long-running bridge.
+        other = await AgentProcess.start([sys.executable, "-c", "pass"])
+        await other.stop(1.0)
+        assert not Path(f"/proc/{watchdog}").exists()
+        # A stopped agent's private files are the adapter's business, not the watchdog's.
+
+
+# --- quick shutdown ----------------------------------------------------------------------
+
+
+async def timed_exit(bridge: RunningBridge, how: str) -> float:
+    await ready(bridge)
+    started = time.monotonic()
+    if how == "eof":
+        await bridge.close_stdin()
+    else:
+        bridge.process.send_signal(signal.SIGTERM)
+    await bridge.read_to_eof()
+    await bridge.wait()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+async def test_agent_ignoring_eof_but_honouring_sigterm_is_gone_within_a_second(
+    open_bridge: OpenBridge, how: str
+) -> None:
+    # Default configuration: the 2 s grace applies only to an agent that ignores SIGTERM.
+    with trio.fail_after(30):
+        async with open_bridge("--ignore-eof") as bridge:
+            took = await timed_exit(bridge, how)
+            assert [pid for pid in bridge.pids() if pid_alive(pid)] == []
+    assert took < QUICK_EXIT, f"the bridge took {took:.2f} s to exit after {how}"
+
+
+async def test_agent_exiting_on_eof_is_not_signalled(open_bridge: OpenBridge) -> None:
+    with trio.fail_after(30):
+        async with open_bridge("--eof-exit-code", "3") as bridge:
+            await timed_exit(bridge, "eof")
+            assert bridge.process.returncode == 3
+    assert "SIGTERM" not in bridge.stderr()
+
+
+# --- an agent that cannot start ----------------------------------------------------------
+
+
+def script(tmp_path: Path, body: str, mode: int) -> str:
+    path = tmp_path / "agent"
+    path.write_text(body)
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("case", "cause"),
+    [
+        ("missing", "No such file or directory (is it installed and on PATH?)"),
+        ("not-executable", "Permission denied"),
+        ("directory", "Permission denied"),
+        ("no-shebang", "no #! line"),
+        ("missing-cwd", "working directory"),
+        ("nul-byte", "null byte"),
+    ],
+)
+async def test_a_command_that_cannot_start_is_named_with_its_cause(
+    tmp_path: Path, case: str, cause: str
+) -> None:
+    cwd = None
+    if case == "missing":
+        argv = [str(tmp_path / "no-such-agent")]
+    elif case == "not-executable":
+        argv = [script(tmp_path, "#!/bin/sh\n", stat.S_IRUSR | stat.S_IWUSR)]
+    elif case == "directory":
+        argv = [str(tmp_path)]
+    elif case == "no-shebang":
+        argv = [script(tmp_path, "\x7fELF\x00garbage", 0o700)]
+    elif case == "missing-cwd":
+        argv, cwd = [sys.executable], str(tmp_path / "gone")
+    else:
+        argv = [sys.executable, "-c", "pass\0"]
+    with pytest.raises(AgentStartError) as caught:
+        await AgentProcess.start(argv, cwd=cwd)
+    error = caught.value
+    assert error.command == argv[0]
+    assert cause in error.cause
+    assert argv[0] in str(error) and error.cause in str(error)
+    obj = error.error_object()
+    assert obj["code"] == -32603
+    assert obj["data"] == {"command": argv[0], "cause": error.cause}
+
+
+def test_start_error_never_shows_arguments_which_may_hold_prompt_text() -> None:
+    error = AgentStartError("codex-acp", "no such file or command")
+    assert (
+        str(error) == "The agent command 'codex-acp' could not be started: no such file or command."
+    )
+
+
+async def test_no_watchdog_is_left_when_the_agent_cannot_start(tmp_path: Path) -> None:
+    before = set(children_of(os.getpid()))
+    with pytest.raises(AgentStartError):
+        await AgentProcess.start([str(tmp_path / "nothing")])
+    assert set(children_of(os.getpid())) - before == set()
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
