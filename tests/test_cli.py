@@ -198,7 +198,7 @@ def test_a_preset_whose_agent_is_missing_says_how_to_install_it(
     )
     assert done.returncode != 0
     error = done.stderr.decode()
-    assert "cannot start agent 'goose'" in error
+    assert "The agent command 'goose' could not be started" in error
     assert "GOOSE_BINARY" in error and "npm install" in error
     assert "Traceback" not in error
 
@@ -213,7 +213,7 @@ def test_a_missing_npx_for_the_claude_preset_says_node_is_needed(tmp_path: Path)
     )
     assert done.returncode == 1
     error = done.stderr.decode()
-    assert "cannot start agent 'npx'" in error and "Node.js" in error
+    assert "The agent command 'npx' could not be started" in error and "Node.js" in error
 
 
 def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -122,6 +123,8 @@ class BrokenLifecycle(Lifecycle):
     ) -> None:
         self.release.wait(10)
         raise StoreError("sessions.sqlite3: database is locked")
+
+    save_new = save
 
 
 async def test_a_store_that_fails_during_session_new_leaves_no_session_open() -> None:
