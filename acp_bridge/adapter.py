@@ -188,9 +188,15 @@ class AdapterContext(Protocol):
         """The environment agent processes start with: the bridge's plus the configured one."""
 
     async def spawn_agent(
-        self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        private_files: Sequence[str] = (),
     ) -> AgentLink:
-        """Start another process of the same agent, replaying the client's initialize."""
+        """Start another process of the same agent, replaying the client's initialize.
+
+        ``private_files`` (files or folders with prompt text the process reads) are removed
+        by the process's watchdog should the bridge be killed."""
 
     async def stop_agent(self, link: AgentLink) -> None:
         """Stop a process started with :meth:`spawn_agent` (EOF, grace, SIGTERM, SIGKILL)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -130,8 +131,11 @@ def main(argv: list[str]) -> int:
         return 0
     end_group(pgid, grace)
     for path in files:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     return 0
 
 

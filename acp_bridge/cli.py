@@ -113,11 +113,13 @@ class Runtime:
         """``message`` about a failed agent start, with the preset's install hint."""
         return f"{message}\nTo get it: {self.install}" if self.install else message
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+    async def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
+    ) -> AgentHandle:
         """Start an agent process; a failure names the preset's install hint, so the log
         and the client's initialize error say how to get the agent."""
         try:
-            return await spawn_process(argv, env)
+            return await spawn_process(argv, env, private_files)
         except AgentStartError as exc:
             raise AgentStartError(exc.command, self.explain(exc.cause)) from exc
 

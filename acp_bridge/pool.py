@@ -305,7 +305,9 @@ class PoolAdapter(Adapter):
             config = self.process_config(prompt, private)
             await self._make_room()
             try:
-                link = await self.context.spawn_agent(list(config.args), dict(config.env))
+                link = await self.context.spawn_agent(
+                    list(config.args), dict(config.env), [str(private.path)]
+                )
             except (AgentStartError, AgentError, AgentExited) as exc:
                 raise PromptRefused(
                     f"The bridge could not start a {self.agent_label} process for this "

@@ -126,11 +126,19 @@ class AgentHandle(Protocol):
     async def stop(self, grace: float) -> int: ...
 
 
-Spawner = Callable[[Sequence[str], Mapping[str, str]], Awaitable[AgentHandle]]
+class Spawner(Protocol):
+    """Starts an agent process. ``private_files`` (files or folders holding prompt text)
+    are removed should the bridge die without stopping the process."""
+
+    async def __call__(
+        self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
+    ) -> AgentHandle: ...
 
 
-async def spawn_process(argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
-    return await AgentProcess.start(argv, extra_env=env)
+async def spawn_process(
+    argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
+) -> AgentHandle:
+    return await AgentProcess.start(argv, extra_env=env, private_files=private_files)
 
 
 class Outbox:
@@ -445,14 +453,17 @@ class Bridge:
         return link
 
     async def spawn_agent(
-        self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        private_files: Sequence[str] = (),
     ) -> AgentConnection:
         """Start another process of the agent and replay the client's initialize to it."""
         if self._stopping:
             raise AgentExited(None)
         argv = [*self.options.agent_argv, *extra_args]
         env = {**self.options.agent_env, **(extra_env or {})}
-        process = await self.spawner(argv, env)
+        process = await self.spawner(argv, env, private_files)
         self.processes.append(process)
         hop = self.router.add_hop()
         link = self._attach(process, hop, f"agent-{hop}")

@@ -178,7 +178,9 @@ class MemorySpawner:
         self.agent_options = agent_options
         self.agents: list[MemoryAgent] = []
 
-    async def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentHandle:
+    async def __call__(
+        self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
+    ) -> AgentHandle:
         agent = MemoryAgent(argv, env, **self.agent_options)
         self.agents.append(agent)
         self.nursery.start_soon(agent.run)

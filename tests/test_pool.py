@@ -81,6 +81,8 @@ class FakeContext:
     options: Mapping[str, Any] = field(default_factory=dict)
     processes: list[FakeProcess] = field(default_factory=list)
     stopped: list[FakeProcess] = field(default_factory=list)
+    private_files: list[str] = field(default_factory=list)
+    """What each process's watchdog would remove should the bridge die."""
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("test-pool"))
 
     def __post_init__(self) -> None:
@@ -98,8 +100,12 @@ class FakeContext:
         return dict(os.environ)
 
     async def spawn_agent(
-        self, extra_args: Sequence[str] = (), extra_env: dict[str, str] | None = None
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        private_files: Sequence[str] = (),
     ) -> AgentLink:
+        self.private_files.extend(private_files)
         process = FakeProcess(f"agent-{len(self.processes)}", list(extra_args), extra_env or {})
         process.received.append(("initialize", {"protocolVersion": 1}))  # the replay
         self.processes.append(process)

@@ -3,6 +3,7 @@ an agent that cannot start is described in words a client can show."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -271,3 +272,34 @@ def children_of(parent: int) -> list[int]:
             if int(fields[1]) == parent and fields[0] != "Z":
                 found.append(int(entry.name))
     return found
+
+
+async def test_a_sigkilled_bridge_leaves_no_private_prompt_folder_of_a_pooled_process(
+    open_bridge: OpenBridge, tmp_path: Path
+) -> None:
+    records = tmp_path / "codex-records"
+    records.mkdir()
+    fake_codex = Path(__file__).with_name("fake_codex.py")
+    argv = [sys.executable, str(fake_codex), "--record-dir", str(records)]
+    override = {"mode": "override", "content": [{"type": "text", "text": "persona"}]}
+    with trio.fail_after(30):
+        async with open_bridge(agent_argv=argv, config={"adapter": "codex"}) as bridge:
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+            await bridge.receive()
+            params = {"cwd": str(tmp_path), "mcpServers": [], "systemPrompt": override}
+            await bridge.request(1, "session/new", params)
+            assert "result" in await bridge.receive()
+            firsts = [json.loads(p.read_bytes().split(b"\n", 1)[0]) for p in records.iterdir()]
+            (setting,) = [
+                first["overrides"]["model_instructions_file"]
+                for first in firsts
+                if "model_instructions_file" in first["overrides"]
+            ]
+            instructions = Path(json.loads(setting))  # a TOML string, here as JSON writes it
+            assert instructions.read_text() == "persona"
+            bridge.process.kill()
+            await bridge.wait()
+            deadline = trio.current_time() + NO_SURVIVOR_AFTER
+            while instructions.parent.exists() and trio.current_time() < deadline:
+                await trio.sleep(0.05)
+            assert not instructions.parent.exists()
