@@ -15,28 +15,34 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 import trio
 
-from acp_bridge import __version__, capabilities
-from acp_bridge.agent_process import AgentStartError
-from acp_bridge.client import ClientRequestError, ConnectionLost
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.registry import AdapterNotFound, AdapterRegistry
-from acp_bridge.relay import AgentHandle, Bridge, BridgeOptions, spawn_process
-from acp_bridge.sessions_cli import sessions
-from acp_bridge.settings import Config, ConfigError, load_config, resolve_state
-from acp_bridge.store import SessionStore, StoreError
-from acp_bridge.trace import Tracer
+from acp_bridge import __version__
+from acp_bridge.agent_process import AgentProcess, AgentStartError
+
+if TYPE_CHECKING:
+    from acp_bridge.registry import AdapterRegistry
+    from acp_bridge.relay import AgentHandle, BridgeOptions
+    from acp_bridge.settings import Config
+    from acp_bridge.store import SessionStore
+    from acp_bridge.trace import Tracer
+
+# The run command imports the relay, the settings and the adapters (pydantic among them)
+# inside its functions, after it has started the agent where it can: the agent's own
+# start-up then hides that time.
 
 log = logging.getLogger("acp_bridge")
 
 
 # Commands whose modules are imported only when used: an editor starting the bridge
 # should not pay for the model endpoint and the verify driver.
-LAZY_COMMANDS: dict[str, tuple[str, str]] = {"verify": ("acp_bridge.verify", "command")}
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("acp_bridge.verify", "command"),
+    "sessions": ("acp_bridge.sessions_cli", "sessions"),
+}
 
 
 DEFAULT_COMMAND: Final = "run"
@@ -89,7 +95,8 @@ class BridgeGroup(click.Group):
         if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
             module_name, factory = LAZY_COMMANDS[cmd_name]
             module = importlib.import_module(module_name)
-            self.add_command(getattr(module, factory)(), cmd_name)
+            found = getattr(module, factory)
+            self.add_command(found if isinstance(found, click.Command) else found(), cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
@@ -118,6 +125,8 @@ class Runtime:
     ) -> AgentHandle:
         """Start an agent process; a failure names the preset's install hint, so the log
         and the client's initialize error say how to get the agent."""
+        from acp_bridge.relay import spawn_process
+
         try:
             return await spawn_process(argv, env, private_files)
         except AgentStartError as exc:
@@ -164,6 +173,10 @@ def resolve_runtime(
     extra_env: dict[str, str] | None = None,
     variables: dict[str, str] | None = None,
 ) -> Runtime:
+    from acp_bridge.registry import AdapterNotFound, AdapterRegistry
+    from acp_bridge.relay import BridgeOptions
+    from acp_bridge.settings import ConfigError, load_config, resolve_state
+
     try:
         config = load_config(config_file)
     except ConfigError as exc:
@@ -217,6 +230,8 @@ def resolve_runtime(
 
 
 def open_store(path: str) -> SessionStore:
+    from acp_bridge.store import SessionStore, StoreError
+
     try:
         return SessionStore(path)
     except StoreError as exc:
@@ -232,7 +247,16 @@ def claim_stdout() -> int:
     return acp_fd
 
 
-async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None) -> int:
+async def run_stdio(
+    runtime: Runtime,
+    tracer: Tracer,
+    acp_fd: int | None = None,
+    started: AgentHandle | None = None,
+) -> int:
+    """Relay stdio to the agent; ``started``: its process, if it was started already."""
+    from acp_bridge.lifecycle import Lifecycle
+    from acp_bridge.relay import Bridge
+
     if acp_fd is None:
         acp_fd = claim_stdout()
     client_in = trio.lowlevel.FdStream(os.dup(0))
@@ -249,9 +273,62 @@ async def run_stdio(runtime: Runtime, tracer: Tracer, acp_fd: int | None = None)
             tracer=tracer,
             spawner=runtime.spawn,
         )
+        if started is not None:
+            bridge.adopt(started)
         return await bridge.run()
     finally:
         store.close()
+
+
+async def run_stdio_started_first(
+    agent_cmd: tuple[str, ...],
+    common: dict[str, Any],
+    trace_file: Path | None,
+    trace_prompts: bool,
+    acp_fd: int,
+) -> int:
+    """``run`` for an agent command: start it, then load everything else meanwhile.
+
+    How ``-- AGENT_CMD`` is started depends on nothing in the configuration (its
+    environment is the bridge's own), so the agent starts before the configuration, the
+    adapters and the validation models are loaded. Should the configuration then ask for
+    something else, or be wrong, the process is stopped again. (With ``--adapter``, a
+    mistyped name is caught before anything starts: that path does not come here.)
+    """
+    started: AgentProcess | None
+    try:
+        started = await AgentProcess.start(list(agent_cmd))
+    except AgentStartError:
+        started = None  # the usual path fails the same way and tells the client why
+    try:
+        runtime = resolve_runtime(agent_cmd, **common)
+        tracer = make_tracer(runtime, trace_file, trace_prompts)
+    except BaseException:
+        if started is not None:
+            with trio.CancelScope(shield=True):
+                await started.stop(0.5)
+        raise
+    if started is not None and (
+        list(runtime.options.agent_argv) != list(agent_cmd) or runtime.options.agent_env
+    ):
+        await started.stop(runtime.options.shutdown_grace)
+        started = None
+    try:
+        return await run_stdio(runtime, tracer, acp_fd, started)
+    finally:
+        tracer.close()
+
+
+def make_tracer(runtime: Runtime, trace_file: Path | None, trace_prompts: bool) -> Tracer:
+    from acp_bridge.settings import ConfigError
+    from acp_bridge.trace import Tracer
+
+    settings = runtime.config.bridge
+    try:
+        trace_path = trace_file or settings.trace_path(runtime.variables)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
 
 
 @click.group(cls=BridgeGroup)
@@ -281,26 +358,27 @@ def run(
     """The default command: run the bridge on stdio in front of AGENT_CMD (or --agent)."""
     # Before anything else runs: loading user adapters may print at import time.
     acp_fd = claim_stdout()
-    runtime = resolve_runtime(agent_cmd, **common)
-    settings = runtime.config.bridge
+    runtime: Runtime | None = None
     try:
-        trace_path = trace_file or settings.trace_path(runtime.variables)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-    tracer = Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
-    try:
-        status = trio.run(run_stdio, runtime, tracer, acp_fd)
+        if agent_cmd and not common.get("agent_name") and not common.get("adapter"):
+            status = trio.run(
+                run_stdio_started_first, agent_cmd, common, trace_file, trace_prompts, acp_fd
+            )
+        else:
+            runtime = resolve_runtime(agent_cmd, **common)
+            tracer = make_tracer(runtime, trace_file, trace_prompts)
+            try:
+                status = trio.run(run_stdio, runtime, tracer, acp_fd)
+            finally:
+                tracer.close()
     except AgentStartError as exc:
+        if runtime is None:
+            raise click.ClickException(str(exc)) from exc
         raise runtime.start_failure(exc) from exc
     except KeyboardInterrupt:
         # Ctrl-C before the bridge listens for signals; the agent was stopped on the way out.
         status = 128 + signal.SIGINT
-    finally:
-        tracer.close()
     sys.exit(status)
-
-
-main.add_command(sessions)
 
 
 CHECK_TIMEOUT = 60.0
@@ -308,7 +386,9 @@ CHECK_TIMEOUT = 60.0
 
 async def run_check(runtime: Runtime) -> dict[str, Any]:
     """Initialize the agent through an in-process bridge; report both sides of it."""
+    from acp_bridge import capabilities
     from acp_bridge.embedded import open_embedded_bridge
+    from acp_bridge.store import SessionStore
 
     store = SessionStore(":memory:")
     with trio.fail_after(CHECK_TIMEOUT):
@@ -339,6 +419,8 @@ async def run_check(runtime: Runtime) -> dict[str, Any]:
 def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     """Initialize the agent once and show what it and the bridge advertise."""
     import json
+
+    from acp_bridge.client import ClientRequestError, ConnectionLost
 
     runtime = resolve_runtime(agent_cmd, **common)
     try:

@@ -365,6 +365,11 @@ class Bridge:
 
     # ----------------------------------------------------------------- running
 
+    def adopt(self, process: AgentHandle) -> None:
+        """Run with an agent process started before the bridge (see ``cli.run``)."""
+        self._primary_process = process
+        self.processes.append(process)
+
     async def start_agent(self) -> None:
         """Start the primary agent process; raises AgentStartError if it cannot start."""
         self._primary_process = await self.spawner(self.options.agent_argv, self.options.agent_env)
