@@ -1,5 +1,5 @@
 """``python -m acp_bridge`` is the ``acp-bridge`` command."""
 
-from acp_bridge.cli import main
+from acp_bridge.launch import main
 
 main()

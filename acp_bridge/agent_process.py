@@ -76,12 +76,47 @@ def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -
     return str(exc) or type(exc).__name__
 
 
+class StartedProcess:
+    """A child started with :class:`subprocess.Popen`, as trio's ``Process`` is used here."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdin is not None and popen.stdout is not None
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin: trio.abc.SendStream = trio.lowlevel.FdStream(os.dup(popen.stdin.fileno()))
+        self.stdout: trio.abc.ReceiveStream = trio.lowlevel.FdStream(
+            os.dup(popen.stdout.fileno())
+        )
+        popen.stdin.close()
+        popen.stdout.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        status = self._popen.poll()
+        if status is not None:
+            return status
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel): look now and then
+            while (status := self._popen.poll()) is None:
+                await trio.sleep(_GROUP_POLL)
+            return status
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        return self._popen.wait()
+
+
 class AgentProcess:
     """A running agent. Use :meth:`start`, read ``stdout``, write ``stdin``, then :meth:`stop`."""
 
     def __init__(
         self,
-        process: trio.Process,
+        process: trio.Process | StartedProcess,
         argv: Sequence[str],
         *,
         watchdog: subprocess.Popen[bytes] | None = None,
@@ -141,6 +176,22 @@ class AgentProcess:
                 os.killpg(process.pid, signal.SIGKILL)
             with trio.CancelScope(shield=True):
                 await process.wait()
+            raise
+        return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
+
+    @classmethod
+    def adopt(cls, popen: subprocess.Popen[bytes], argv: Sequence[str]) -> AgentProcess:
+        """Take over an agent started before trio ran (see :mod:`acp_bridge.launch`):
+        its pipes become trio streams, and it gets its watchdog now."""
+        process = StartedProcess(popen)
+        log.debug("adopted agent pid %d: %s", process.pid, argv[0])
+        _reap_released()
+        try:
+            watchdog, pipe = _start_watchdog(process.pid, ())
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            popen.wait()
             raise
         return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
 

@@ -295,9 +295,15 @@ async def run_stdio_started_first(
     something else, or be wrong, the process is stopped again. (With ``--adapter``, a
     mistyped name is caught before anything starts: that path does not come here.)
     """
+    from acp_bridge import launch
+
     started: AgentProcess | None
+    early = launch.take(agent_cmd)
     try:
-        started = await AgentProcess.start(list(agent_cmd))
+        if early is not None:
+            started = AgentProcess.adopt(early, list(agent_cmd))
+        else:
+            started = await AgentProcess.start(list(agent_cmd))
     except AgentStartError:
         started = None  # the usual path fails the same way and tells the client why
     try:
