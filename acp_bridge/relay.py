@@ -604,7 +604,7 @@ class Bridge:
                 jsonrpc.encode(jsonrpc.error_response(exc.request_id, exc.code, exc.message)),
             )
             return
-        if self.tracer.enabled:
+        if self._tracing:
             self.tracer.record("client->bridge", raw, frame.message)
         events = self.router.receive_from_client(frame)
         if events:
@@ -672,7 +672,7 @@ class Bridge:
                     "%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview
                 )
             return
-        if self.tracer.enabled:
+        if self._tracing:
             self.tracer.record(f"{link.name}->bridge", raw, frame.message)
         events = self.router.receive_from_agent(link.hop, frame)
         if events:

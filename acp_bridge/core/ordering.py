@@ -80,11 +80,12 @@ class Gate:
     def __init__(self) -> None:
         self._holds: dict[Key, Hold] = {}
         self._waiting: deque[tuple[Frame, list[Key], bool]] = deque()
+        self.active = False
+        """Whether any frame could be held now (kept up to date, read on every frame)."""
 
-    @property
-    def active(self) -> bool:
-        """Whether any frame could be held now (the fast path skips everything else)."""
-        return bool(self._holds) or bool(self._waiting)
+    def _update(self) -> None:
+        self.active = bool(self._holds) or bool(self._waiting)
+
 
     @property
     def waiting(self) -> int:
@@ -94,6 +95,7 @@ class Gate:
     def hold(self, keys: list[Key], token: int, *, until_answered: bool) -> None:
         for key in keys:
             self._holds[key] = Hold(token, until_answered)
+        self._update()
 
     def held(self, key: Key) -> bool:
         return key in self._holds
@@ -103,6 +105,7 @@ class Gate:
         keys, cancels = frame_keys(frame)
         if self._blocked(keys, cancels, len(self._waiting)):
             self._waiting.append((frame, keys, cancels))
+            self._update()
             return False
         return True
 
@@ -114,12 +117,14 @@ class Gate:
     def answered(self, token: int) -> None:
         for key in [key for key, hold in self._holds.items() if hold.token == token]:
             del self._holds[key]
+        self._update()
 
     def release(self) -> Frame | None:
         """The first waiting frame that may go now, taken out of the queue (or None)."""
         for index, (frame, keys, cancels) in enumerate(self._waiting):
             if not self._blocked(keys, cancels, index):
                 del self._waiting[index]
+                self._update()
                 return frame
         return None
 
