@@ -9,6 +9,10 @@ run command adopts it (:func:`take`). Any other command line is left to the usua
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from typing import Final
@@ -60,6 +64,17 @@ def start_early(args: Sequence[str]) -> None:
     except (OSError, ValueError):
         return  # the usual path starts it again and tells the client why it cannot
     _STARTED[tuple(argv)] = process
+    # Should the bridge stop before adopting it (a usage error, say), the agent must not
+    # outlive it: nothing else knows of this process yet.
+    atexit.register(_stop_unadopted)
+
+
+def _stop_unadopted() -> None:
+    for process in _STARTED.values():
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    _STARTED.clear()
 
 
 def take(argv: Sequence[str]) -> subprocess.Popen[bytes] | None:
