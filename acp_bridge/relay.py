@@ -719,11 +719,7 @@ class Bridge:
         return jsonrpc.encode(jsonrpc.result_response(frame.id, reply.result))
 
     def _route_link(self, frame: Frame) -> AgentConnection:
-        if self.adapter is not None and len(self.links) > 1:
-            link = self.adapter.route(frame.method or "", frame.params)
-            if isinstance(link, AgentConnection) and not link.closed:
-                return link
-        return self.primary
+        return self.links[self.router.hop_for(frame.message)]
 
     def _route_hop(self, method: str, params: Any) -> int | None:
         assert self.adapter is not None

@@ -97,9 +97,6 @@ class Gate:
             self._holds[key] = Hold(token, until_answered)
         self._update()
 
-    def held(self, key: Key) -> bool:
-        return key in self._holds
-
     def admit(self, frame: Frame) -> bool:
         """Whether ``frame`` may be processed now; if not, it is kept until :meth:`release`."""
         keys, cancels = frame_keys(frame)

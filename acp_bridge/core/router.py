@@ -184,9 +184,6 @@ class Router:
                 self._agent_request_ids.pop((hop, agent_id), None)
         return events
 
-    def in_flight(self, hop: int) -> int:
-        return len(self.hops[hop].pending)
-
     @property
     def intercepting(self) -> bool:
         """Whether an interception has not been answered yet."""
@@ -237,7 +234,9 @@ class Router:
             hop, message, changed = routed
             self.sink(hop, jsonrpc.encode(message) if changed else raw)
 
-    def _route(self, message: JsonObject) -> int:
+    def hop_for(self, message: JsonObject) -> int:
+        """The hop a client message goes to: the adapter's choice while several processes
+        run, else (or when that process is gone) the primary."""
         if self.route is None or len(self.hops) == 1:
             return PRIMARY
         hop = self.route(message.get("method") or "", message.get("params"))
@@ -247,7 +246,7 @@ class Router:
 
     def _client_request(self, message: JsonObject) -> tuple[int, Any, bool] | None:
         client_id = message["id"]
-        hop = self._route(message)
+        hop = self.hop_for(message)
         state = self.hops[hop]
         if state.closed:
             self._answer_error(
@@ -272,7 +271,7 @@ class Router:
                 if wire_id == params["requestId"]:
                     return hop, message, False
                 return hop, {**message, "params": {**params, "requestId": wire_id}}, True
-        return self._route(message), message, False
+        return self.hop_for(message), message, False
 
     def _client_response(self, message: JsonObject) -> tuple[int, Any, bool] | None:
         target = self._agent_requests.pop(message["id"], None)
