@@ -39,7 +39,7 @@ POLL = 0.02
 Processes = dict[int, bytes]
 
 
-def _table() -> dict[int, tuple[int, int, bytes, bytes]]:
+def process_table() -> dict[int, tuple[int, int, bytes, bytes]]:
     """pid -> (ppid, pgrp, state, start time) of every process, from /proc (empty without)."""
     table = {}
     try:
@@ -60,7 +60,7 @@ def _table() -> dict[int, tuple[int, int, bytes, bytes]]:
 
 def outside_group(root: int, pgid: int) -> Processes:
     """The running descendants of ``root`` that are not in process group ``pgid``."""
-    table = _table()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from acp_bridge.agent_watchdog import process_table
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import agents  # noqa: E402
@@ -47,32 +49,23 @@ def agent_argv(name: str) -> list[str]:
 
 
 def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [
+        pid
+        for pid, (_, group, state, _) in process_table().items()
+        if group == pgid and state != b"Z"
+    ]
 
 
 def agent_pgid(bridge_pid: int) -> int:
     """The process group of the bridge's agent (its child in a session of its own)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == bridge_pid and int(fields[2]) == int(entry.name):
-            cmdline = (entry / "cmdline").read_bytes()
+    for pid, (parent, group, _, _) in process_table().items():
+        if parent == bridge_pid and group == pid:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
             if b"agent_watchdog" not in cmdline:
-                return int(entry.name)
+                return pid
     raise RuntimeError("no agent found")
 
 
