@@ -208,17 +208,17 @@ class AdapterContext(Protocol):
         """The configured options of an adapter (``bridge.adapter_options.<name>``)."""
 
 
-HOOK_NAMES: Final = frozenset(
-    {
-        "session_new",
-        "session_load",
-        "session_resume",
-        "session_fork",
-        "session_close",
-        "session_delete",
-        "session_prompt",
-    }
-)
+HOOKS: Final = {
+    "session/new": "session_new",
+    "session/load": "session_load",
+    "session/resume": "session_resume",
+    "session/fork": "session_fork",
+    "session/close": "session_close",
+    "session/delete": "session_delete",
+    "session/prompt": "session_prompt",
+}
+"""The client methods the bridge hands to an adapter, and the hook each one calls."""
+HOOK_NAMES: Final = frozenset(HOOKS.values())
 
 
 class Adapter:

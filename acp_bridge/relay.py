@@ -30,6 +30,7 @@ import trio
 
 from acp_bridge import capabilities, jsonrpc
 from acp_bridge.adapter import (
+    HOOKS,
     Adapter,
     AgentError,
     AgentExited,
@@ -70,15 +71,6 @@ READ_CHUNK: Final = 1 << 20
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
 AGENT_EXIT_DRAIN: Final = 0.2
 
-HOOKS: Final = {
-    "session/new": "session_new",
-    "session/load": "session_load",
-    "session/resume": "session_resume",
-    "session/fork": "session_fork",
-    "session/close": "session_close",
-    "session/delete": "session_delete",
-    "session/prompt": "session_prompt",
-}
 LIFECYCLE: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
 # After the client's EOF, how long frames it sent may still wait for an interception.
 CLIENT_EOF_SETTLE: Final = 5.0
