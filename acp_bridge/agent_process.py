@@ -84,9 +84,7 @@ class StartedProcess:
         self._popen = popen
         self.pid = popen.pid
         self.stdin: trio.abc.SendStream = trio.lowlevel.FdStream(os.dup(popen.stdin.fileno()))
-        self.stdout: trio.abc.ReceiveStream = trio.lowlevel.FdStream(
-            os.dup(popen.stdout.fileno())
-        )
+        self.stdout: trio.abc.ReceiveStream = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
         popen.stdin.close()
         popen.stdout.close()
 

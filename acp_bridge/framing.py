@@ -37,6 +37,35 @@ class OverlongLine:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class LongLineStart:
+    """The first ``stream_after`` bytes (or more) of a line still arriving.
+
+    The reader either passes the line on as it comes (the splitter then yields its further
+    bytes as :class:`LongLinePart` and its last ones as :class:`LongLineEnd`) or calls
+    :meth:`LineSplitter.hold` to have it gathered whole, as a shorter line is.
+    """
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LongLinePart:
+    """More bytes of the line being passed on."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LongLineEnd:
+    """The last bytes of the line being passed on, without its terminator (may be empty)."""
+
+    data: bytes
+
+
+Item = Line | OverlongLine | LongLineStart | LongLinePart | LongLineEnd
+
+
 class LineSplitter:
     """Split a byte stream into lines of at most ``limit`` bytes.
 
@@ -46,34 +75,104 @@ class LineSplitter:
     complete: at most about twice its size.
     """
 
-    def __init__(self, limit: int = DEFAULT_LINE_LIMIT) -> None:
+    def __init__(self, limit: int = DEFAULT_LINE_LIMIT, stream_after: int | None = None) -> None:
         if limit < 1:
             raise ValueError("line limit must be positive")
         self.limit = limit
+        # A line that reaches this many bytes before its end is offered as a LongLineStart.
+        self.stream_after = stream_after
         self._buffer = bytearray()
         self._discarding = False  # inside an over-long line, waiting for its end
         self._discarded = 0
+        self._report_discarded = True  # an over-long line is reported; a failed stream is not
+        self._passing = False  # inside a line passed on as it arrives
+        self._passed = 0
+        self._held_cr = False  # a \r at the end of a passed piece: a terminator, or not
+        self._holding = False  # the reader asked for the current line whole
 
-    def feed(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
-        """Take more bytes; return every line they completed, in order."""
+    def feed(self, data: bytes | bytearray) -> list[Item]:
+        """Take more bytes; return every line they completed, in order (and, with
+        ``stream_after``, the pieces of a long line still arriving)."""
+        if self._passing:
+            return self._feed_passing(data)
         if self._buffer or self._discarding:
-            return self._feed_after_partial(data)
+            return self._offer(self._feed_after_partial(data))
         # Nothing held from an earlier read, the usual case on a busy stream: split the
         # whole read at once (one C call) instead of searching line by line.
         lines = bytes(data).split(b"\n")
         self._keep(lines.pop())  # after the last newline: the start of the next line
         limit = self.limit
-        out: list[Line | OverlongLine] = []
+        out: list[Item] = []
         for line in lines:
             if line.endswith(b"\r"):
                 # The \r is not part of the frame, so a line of ``limit`` bytes may carry it.
                 out.append(Line(line[:-1]) if len(line) <= limit + 1 else OverlongLine(len(line)))
             else:
                 out.append(Line(line) if len(line) <= limit else OverlongLine(len(line)))
+        return self._offer(out)
+
+    def _offer(self, out: list[Item]) -> list[Item]:
+        """Add the start of the unfinished line if it has grown long enough to pass on."""
+        if (
+            self.stream_after is not None
+            and not self._holding
+            and not self._discarding
+            and len(self._buffer) >= self.stream_after
+        ):
+            data = bytes(self._buffer)
+            self._buffer = bytearray()
+            self._passing = True
+            self._passed = len(data)
+            data = self._hold_back_cr(data)
+            out.append(LongLineStart(data))
         return out
 
-    def _feed_after_partial(self, data: bytes | bytearray) -> list[Line | OverlongLine]:
-        out: list[Line | OverlongLine] = []
+    def hold(self, start: bytes) -> None:
+        """Gather the line offered by the last :class:`LongLineStart` whole after all."""
+        self._passing = False
+        self._holding = True
+        self._buffer = bytearray(start)
+        if self._held_cr:
+            self._held_cr = False
+            self._buffer += b"\r"
+
+    def discard_rest(self) -> None:
+        """Drop the rest of the line being passed on, without reporting it."""
+        if self._passing:
+            self._passing = False
+            self._held_cr = False
+            self._discarding = True
+            self._discarded = self._passed
+            self._report_discarded = False
+
+    def _hold_back_cr(self, data: bytes) -> bytes:
+        # A piece ending in \r: it is the terminator if the next piece starts with \n.
+        self._held_cr = data.endswith(b"\r")
+        return data[:-1] if self._held_cr else data
+
+    def _feed_passing(self, data: bytes | bytearray) -> list[Item]:
+        newline = data.find(b"\n")
+        piece = bytes(data) if newline < 0 else bytes(data[:newline])
+        if self._held_cr:
+            piece = b"\r" + piece
+            self._held_cr = False
+        self._passed += len(piece)
+        if self._passed > self.limit + 1:
+            # Over the limit: the rest is dropped and the whole reported at its end.
+            self._passing = False
+            self._discarding = True
+            self._discarded = self._passed
+            return [] if newline < 0 else self._feed_after_partial(data[newline:])
+        if newline < 0:
+            return [LongLinePart(self._hold_back_cr(piece))]
+        self._passing = False
+        if piece.endswith(b"\r"):
+            piece = piece[:-1]
+        out: list[Item] = [LongLineEnd(piece)]
+        return out + self.feed(data[newline + 1 :])
+
+    def _feed_after_partial(self, data: bytes | bytearray) -> list[Item]:
+        out: list[Item] = []
         start = 0
         while True:
             newline = data.find(b"\n", start)
@@ -81,16 +180,23 @@ class LineSplitter:
                 self._keep(data[start:])
                 return out
             self._keep(data[start:newline])
-            out.append(self._finish())
+            finished = self._finish()
+            if finished is not None:
+                out.append(finished)
             start = newline + 1
             if not self._buffer and not self._discarding:
                 # The held line is complete: the rest goes the fast way.
                 return out + self.feed(data[start:])
 
-    def close(self) -> list[Line | OverlongLine]:
+    def close(self) -> list[Item]:
         """End of stream: a final line without a terminator still counts."""
+        if self._passing:
+            self._passing = False
+            self._held_cr = False  # a final \r is not part of the line (as _finish has it)
+            return [LongLineEnd(b"")]
         if self._discarding or self._buffer:
-            return [self._finish()]
+            finished = self._finish()
+            return [finished] if finished is not None else []
         return []
 
     @property
@@ -112,12 +218,14 @@ class LineSplitter:
         # One buffer, not a list of reads: each read would cost a Python object of its own.
         self._buffer += piece
 
-    def _finish(self) -> Line | OverlongLine:
+    def _finish(self) -> Line | OverlongLine | None:
+        self._holding = False
         if self._discarding:
             size = self._discarded
             self._discarding = False
             self._discarded = 0
-            return OverlongLine(size)
+            report, self._report_discarded = self._report_discarded, True
+            return OverlongLine(size) if report else None
         buffer, self._buffer = self._buffer, bytearray()
         if buffer.endswith(b"\r"):
             del buffer[-1]  # in place: no copy of the whole line

@@ -49,7 +49,18 @@ from acp_bridge.core.router import (
     Router,
     describe_exit,
 )
-from acp_bridge.framing import DEFAULT_LINE_LIMIT, Line, LineSplitter, join_lines
+from acp_bridge.framing import (
+    DEFAULT_LINE_LIMIT,
+    JOIN_LIMIT,
+    Line,
+    LineSplitter,
+    LongLineEnd,
+    LongLinePart,
+    LongLineStart,
+    OverlongLine,
+    join_lines,
+)
+from acp_bridge.json_stream import LineValidator
 from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AUTO, AdapterRegistry
@@ -67,6 +78,10 @@ log = logging.getLogger("acp_bridge")
 
 # Reads are this large at most; lines are reassembled by the splitter.
 READ_CHUNK: Final = 1 << 20
+# A line still arriving after this many bytes is passed on as it comes, if the router
+# allows it (see LongLine), instead of being gathered whole first.
+STREAM_AFTER: Final = 256 * 1024
+LongItem = LongLineStart | LongLinePart | LongLineEnd
 # After the agent exits, how long its stdout may stay silent before it counts as closed.
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
 AGENT_EXIT_DRAIN: Final = 0.2
@@ -142,11 +157,48 @@ class Outbox:
         # One writer at a time; the frames are taken only while holding it, so the order
         # of writes is the order of queueing.
         self._lock = trio.Lock()
+        self.in_line = False  # a long line is being passed on: nothing may come between
+
+    async def begin_line(self) -> None:
+        """Start passing on a long line: what was queued before it goes first, then the
+        outbox is the caller's until :meth:`end_line` (or :meth:`abort_line`)."""
+        await self._lock.acquire()
+        self.in_line = True
+        frames, self.frames = self.frames, []
+        try:
+            for buffer in join_lines(frames):
+                await self.stream.send_all(buffer)
+        except BaseException:
+            self.abort_line()
+            raise
+
+    async def write_part(self, data: bytes) -> None:
+        if data:
+            await self.stream.send_all(data)
+
+    async def end_line(self, data: bytes) -> None:
+        """Write the line's last bytes and its newline, then what was queued meanwhile."""
+        try:
+            await self.stream.send_all(data + b"\n" if len(data) < JOIN_LIMIT else data)
+            if len(data) >= JOIN_LIMIT:
+                await self.stream.send_all(b"\n")
+            frames, self.frames = self.frames, []
+            for buffer in join_lines(frames):
+                await self.stream.send_all(buffer)
+        finally:
+            self.abort_line()
+
+    def abort_line(self) -> None:
+        """Give the outbox back (after :meth:`end_line`, or when the writer is gone)."""
+        if self.in_line:
+            self.in_line = False
+            self._lock.release()
 
     async def flush(self) -> None:
         """Write the queued frames; with nothing queued return at once, even while another
-        task writes (a pump must never wait for a write it did not ask for)."""
-        if not self.frames:
+        task writes (a pump must never wait for a write it did not ask for). While a long
+        line is being passed on, frames wait for its end (:meth:`end_line` writes them)."""
+        if not self.frames or self.in_line:
             return
         try:
             self._lock.acquire_nowait()  # the usual case, without a trip to the scheduler
@@ -183,6 +235,39 @@ class Waiter:
         await self._done.wait()
         assert self.answer is not None
         return self.answer
+
+
+@dataclass(slots=True)
+class LongLine:
+    """A line passed on while it is still arriving (spec §2 with a bounded memory).
+
+    Its bytes go to ``outbox`` as they come while ``validator`` judges them; only a valid
+    line gets its end. One that turns out not to be valid JSON-RPC is cut: the receiver
+    gets its start and a newline (a line it cannot parse, which it drops), and the sender
+    the error it would have had for the whole line.
+    """
+
+    validator: LineValidator
+    outbox: Outbox
+    hop: int
+    writing: bool = True  # False once the receiver is gone: judge the rest, write nothing
+
+    async def write(self, data: bytes) -> None:
+        if self.writing:
+            try:
+                await self.outbox.write_part(data)
+            except WRITE_FAILED:
+                self.stop_writing()
+
+    async def end(self, data: bytes) -> None:
+        if self.writing:
+            with contextlib.suppress(*WRITE_FAILED):
+                await self.outbox.end_line(data)
+            self.writing = False
+
+    def stop_writing(self) -> None:
+        self.writing = False
+        self.outbox.abort_line()
 
 
 class AgentConnection:
@@ -261,6 +346,15 @@ class Call:
 
     def mark_delivered(self, fingerprint: str | None) -> None:
         self.delivered_now = fingerprint
+
+
+def _request_id(line: LongLine) -> jsonrpc.RequestId:
+    """The id to answer a cut line with: its own if it is a request that named one."""
+    members = line.validator.envelope.members
+    request_id = members.get("id")
+    if "method" in members and jsonrpc.is_request_id(request_id):
+        return request_id
+    return None
 
 
 def exit_status(returncode: int) -> int:
@@ -540,34 +634,95 @@ class Bridge:
 
     # ------------------------------------------------------------ client side
 
+    def _splitter(self) -> LineSplitter:
+        # A trace records whole frames, so with one every line is gathered whole.
+        stream_after = None if self._tracing else STREAM_AFTER
+        return LineSplitter(self.options.line_limit, stream_after=stream_after)
+
     async def _pump_client(self) -> None:
-        splitter = LineSplitter(self.options.line_limit)
-        while True:
+        splitter = self._splitter()
+        long_line: LongLine | None = None
+        try:
+            while True:
+                try:
+                    data = await self.client_in.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                for item in splitter.feed(data) if data else splitter.close():
+                    if isinstance(item, Line):
+                        self._from_client(item.data)
+                    elif isinstance(item, OverlongLine):
+                        request_id = None
+                        if long_line is not None:
+                            request_id = _request_id(long_line)
+                            await long_line.end(b"")
+                            long_line = None
+                        self._answer_client_error(
+                            request_id,
+                            jsonrpc.INVALID_REQUEST,
+                            f"The message is {item.size} bytes, more than the line limit "
+                            f"of {splitter.limit} bytes.",
+                        )
+                    else:
+                        long_line = await self._client_long_line(splitter, long_line, item)
+                await self.flush_all()
+                if not data:
+                    log.debug("client closed its input")
+                    await self._settle()
+                    await self._shutdown(self._status_after_client_left)
+                    return
+        finally:
+            if long_line is not None:
+                long_line.outbox.abort_line()
+
+    def _answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
+        self._sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
+
+    async def _client_long_line(
+        self, splitter: LineSplitter, line: LongLine | None, item: LongItem
+    ) -> LongLine | None:
+        """Pass on a long client line as it arrives; the line in progress after ``item``."""
+        if isinstance(item, LongLineStart):
+            validator = LineValidator()
             try:
-                data = await self.client_in.receive_some(READ_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
-            for item in splitter.feed(data) if data else splitter.close():
-                if isinstance(item, Line):
-                    self._from_client(item.data)
-                else:
-                    self._sink(
-                        CLIENT,
-                        jsonrpc.encode(
-                            jsonrpc.error_response(
-                                None,
-                                jsonrpc.INVALID_REQUEST,
-                                f"The message is {item.size} bytes, more than the line limit "
-                                f"of {splitter.limit} bytes.",
-                            )
-                        ),
-                    )
-            await self.flush_all()
-            if not data:
-                log.debug("client closed its input")
-                await self._settle()
-                await self._shutdown(self._status_after_client_left)
-                return
+                validator.feed(item.data)
+            except FrameError:
+                hop = None
+            else:
+                hop = self.router.stream_from_client(validator.envelope)
+            if hop is None:
+                splitter.hold(item.data)
+                return None
+            line = LongLine(validator, self.links[hop].outbox, hop)
+            try:
+                await line.outbox.begin_line()
+            except WRITE_FAILED:
+                line.writing = False
+            await line.write(item.data)
+            return line
+        assert line is not None
+        try:
+            line.validator.feed(item.data)
+            if isinstance(item, LongLinePart):
+                await line.write(item.data)
+                return line
+            envelope = line.validator.finish()
+            if not self.router.stream_ended_from_client(line.hop, envelope):
+                raise FrameError(
+                    jsonrpc.INVALID_REQUEST,
+                    "The bridge could not pass the message on as it came: a member after its "
+                    "large one changes how it must be routed.",
+                )
+        except FrameError as exc:
+            request_id = _request_id(line)
+            await line.end(b"")
+            if isinstance(item, LongLinePart):
+                splitter.discard_rest()
+            log.warning("cut a long line from the client: %s", exc.message)
+            self._answer_client_error(request_id, exc.code, exc.message)
+            return None
+        await line.end(item.data)
+        return None
 
     async def _settle(self) -> None:
         """Before the agent's input is closed, let what the client sent reach it.
@@ -627,7 +782,21 @@ class Bridge:
     async def _read_agent(
         self, link: AgentConnection, exited: trio.Event, read_scope: list[trio.CancelScope]
     ) -> None:
-        splitter = LineSplitter(self.options.line_limit)
+        long_line: list[LongLine] = []  # the line in progress, if any
+        try:
+            await self._read_agent_lines(link, exited, read_scope, long_line)
+        finally:
+            for line in long_line:
+                line.outbox.abort_line()
+
+    async def _read_agent_lines(
+        self,
+        link: AgentConnection,
+        exited: trio.Event,
+        read_scope: list[trio.CancelScope],
+        long_line: list[LongLine],
+    ) -> None:
+        splitter = self._splitter()
         stream = link.process.stdout
         while True:
             data: bytes | bytearray = b""
@@ -645,14 +814,67 @@ class Bridge:
             for item in splitter.feed(data) if data else splitter.close():
                 if isinstance(item, Line):
                     self._from_agent(link, item.data)
-                else:
+                elif isinstance(item, OverlongLine):
+                    if long_line:
+                        await long_line.pop().end(b"")
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
+                else:
+                    await self._agent_long_line(link, splitter, long_line, item)
             # An agent pump writes only to the client.
             await self.flush_client()
             if not data:
                 break
+
+    async def _agent_long_line(
+        self,
+        link: AgentConnection,
+        splitter: LineSplitter,
+        long_line: list[LongLine],
+        item: LongItem,
+    ) -> None:
+        """Pass on a long agent line to the client as it arrives."""
+        if isinstance(item, LongLineStart):
+            validator = LineValidator()
+            try:
+                validator.feed(item.data)
+                streamable = not self.client_gone and self.router.stream_from_agent(
+                    link.hop, validator.envelope
+                )
+            except FrameError:
+                streamable = False
+            if not streamable:
+                splitter.hold(item.data)
+                return
+            line = LongLine(validator, self.client_outbox, CLIENT)
+            long_line.append(line)
+            try:
+                await line.outbox.begin_line()
+            except WRITE_FAILED:
+                line.writing = False
+            await line.write(item.data)
+            return
+        line = long_line[0]
+        try:
+            line.validator.feed(item.data)
+            if isinstance(item, LongLinePart):
+                await line.write(item.data)
+                return
+            envelope = line.validator.finish()
+            if not self.router.stream_ended_from_agent(link.hop, envelope):
+                raise FrameError(
+                    jsonrpc.INVALID_REQUEST, "a member after its large one changes its routing"
+                )
+        except FrameError as exc:
+            long_line.clear()
+            await line.end(b"")
+            if isinstance(item, LongLinePart):
+                splitter.discard_rest()
+            log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, exc.message)
+            return
+        long_line.clear()
+        await line.end(item.data)
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
         try:

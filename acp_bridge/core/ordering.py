@@ -86,7 +86,6 @@ class Gate:
     def _update(self) -> None:
         self.active = bool(self._holds) or bool(self._waiting)
 
-
     @property
     def waiting(self) -> int:
         """How many frames wait."""

@@ -60,6 +60,10 @@ class PendingTable:
         self._entries[wire_id] = origin
         return wire_id
 
+    def get(self, wire_id: RequestId) -> Origin | None:
+        """Who waits for the answer to ``wire_id``, leaving it in flight."""
+        return self._entries.get(wire_id)
+
     def resolve(self, wire_id: RequestId) -> Origin | None:
         """The answer to ``wire_id`` arrived: who gets it (None: not a request in flight)."""
         return self._entries.pop(wire_id, None)

@@ -31,6 +31,7 @@ from typing import Any, Final, TypeAlias
 from acp_bridge import jsonrpc
 from acp_bridge.core.ordering import CONNECTION, Gate, Key, request_key, session_key
 from acp_bridge.core.pending import ForWaiter, FromClient, PendingTable
+from acp_bridge.json_stream import Envelope
 from acp_bridge.jsonrpc import (
     CANCEL_REQUEST,
     Frame,
@@ -351,6 +352,99 @@ class Router:
         self, request_id: RequestId, code: int, message: str, data: Any = None
     ) -> None:
         self.sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+
+    # ---------------------------------------------------------------- long lines
+
+    def stream_from_client(self, envelope: Envelope) -> int | None:
+        """Whether a client line still arriving may be passed on as it comes: the hop it
+        goes to, or None (it is gathered whole and received as usual).
+
+        Only a line the router would pass on unchanged, to the one agent process, without
+        holding it: not an intercepted method, no id to translate, nothing waiting.
+        """
+        if len(self.hops) != 1 or self.gate.active or self.hops[PRIMARY].closed:
+            return None
+        if not self._streamable_from_client(envelope.members, envelope.open_member):
+            return None
+        return PRIMARY
+
+    def _streamable_from_client(self, members: JsonObject, open_member: str | None) -> bool:
+        request_id = members.get("id")
+        if "id" in members and not is_request_id(request_id):
+            return False
+        if open_member == "params":
+            method = members.get("method")
+            return (
+                type(method) is str
+                and method not in self.intercepted
+                and method not in (CANCEL_REQUEST, "authenticate")
+                and request_id not in self.hops[PRIMARY].pending
+            )
+        if open_member in ("result", "error") and "id" in members and "method" not in members:
+            target = self._agent_requests.get(request_id)
+            return target is None or target == (PRIMARY, request_id)
+        return False
+
+    def stream_ended_from_client(self, hop: int, envelope: Envelope) -> bool:
+        """A client line passed on as it came is complete and valid JSON: record it as if it
+        had come whole. False: it cannot go on unchanged after all (a member after the
+        large one changed what it is); the caller cuts it and answers the client."""
+        kind = envelope.kind()
+        message = envelope.skeleton()
+        if hop != PRIMARY or len(self.hops) != 1:
+            return False
+        if kind is Kind.REQUEST or kind is Kind.NOTIFICATION:
+            if not self._streamable_from_client(message, "params"):
+                return False
+            routed = (
+                self._client_request(message)
+                if kind is Kind.REQUEST
+                else self._client_notification(message)
+            )
+        else:
+            if not self._streamable_from_client(message, "result"):
+                return False
+            routed = self._client_response(message)
+        return routed is None or (routed[0] == hop and not routed[2])
+
+    def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
+        """Whether an agent line still arriving may be passed on to the client as it comes."""
+        return self._streamable_from_agent(hop, envelope.members, envelope.open_member)
+
+    def _streamable_from_agent(
+        self, hop: int, members: JsonObject, open_member: str | None
+    ) -> bool:
+        request_id = members.get("id")
+        if "id" in members and not is_request_id(request_id):
+            return False
+        if open_member == "params":
+            return (
+                type(members.get("method")) is str
+                and members["method"] != CANCEL_REQUEST
+                and request_id not in self._client_facing
+            )
+        if open_member in ("result", "error") and "id" in members and "method" not in members:
+            origin = self.hops[hop].pending.get(request_id)
+            return origin is None or origin == FromClient(request_id)
+        return False
+
+    def stream_ended_from_agent(self, hop: int, envelope: Envelope) -> bool:
+        """An agent line passed on as it came is complete and valid JSON: record it. False:
+        it cannot go on unchanged after all; the caller cuts it."""
+        kind = envelope.kind()
+        message = envelope.skeleton()
+        if kind is Kind.RESPONSE:
+            if not self._streamable_from_agent(hop, message, "result"):
+                return False
+            routed = self._agent_response(hop, message, None, [])
+        elif self._streamable_from_agent(hop, message, "params"):
+            if kind is Kind.REQUEST:
+                routed = self._agent_request(hop, message)
+            else:
+                routed = self._agent_notification(hop, message)
+        else:
+            return False
+        return routed is not None and not routed[1]
 
     # ------------------------------------------------------------ interceptions
 
