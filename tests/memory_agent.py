@@ -48,6 +48,8 @@ class MemoryAgent:
         self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received: list[Any] = []
         self.received_raw: list[bytes] = []
+        self.unparsed: list[bytes] = []
+        self.bytes_received = 0
         self._writing = trio.Lock()
         self.terminated_by_bridge = False
         self.returncode: int | None = None
@@ -72,11 +74,17 @@ class MemoryAgent:
                 data = await self._input.receive_some(1 << 16)
                 if not data:
                     break
+                self.bytes_received += len(data)
                 buffer += data
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     self.received_raw.append(line)
-                    message = json.loads(line)
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        # As the ACP SDKs do: a line that does not parse is logged and dropped.
+                        self.unparsed.append(line)
+                        continue
                     self.received.append(message)
                     await self._handle(message)
         with trio.CancelScope(shield=True):
@@ -84,6 +92,11 @@ class MemoryAgent:
 
     async def send(self, message: Any) -> None:
         await self.send_raw(jsonrpc.encode(message))
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write bytes as they are: part of a line, or several."""
+        async with self._writing:
+            await self._output.send_all(data)
 
     async def send_raw(self, line: bytes) -> None:
         async with self._writing:

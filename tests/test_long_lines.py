@@ -1,0 +1,286 @@
+"""Long lines pass through as they arrive, and are still judged before their end goes out.
+
+The splitter offers a long line's start; the router decides whether it may go on unchanged;
+the runtime writes it piece by piece (spec §2 with bounded memory). In memory: the agent is
+a coroutine (tests/memory_agent.py), which drops lines it cannot parse as the ACP SDKs do.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from test_runtime import bridge_over_memory
+
+from acp_bridge import jsonrpc
+from acp_bridge.core.pending import ForWaiter
+from acp_bridge.core.router import PRIMARY, Router
+from acp_bridge.framing import (
+    Line,
+    LineSplitter,
+    LongLineEnd,
+    LongLinePart,
+    LongLineStart,
+    OverlongLine,
+)
+from acp_bridge.json_stream import LineValidator
+from acp_bridge.relay import STREAM_AFTER
+
+MiB = 1024 * 1024
+
+
+# ------------------------------------------------------------------ the splitter
+
+
+def test_a_long_line_is_offered_then_passed_in_pieces() -> None:
+    splitter = LineSplitter(limit=1000, stream_after=10)
+    assert splitter.feed(b'{"a":"12345') == [LongLineStart(b'{"a":"12345')]
+    assert splitter.feed(b"678\r") == [LongLinePart(b"678")]  # the \r may be a terminator
+    assert splitter.feed(b'9"}\r\n{"b":1}\n') == [
+        LongLineEnd(b'\r9"}'),
+        *splitter_lines(b'{"b":1}'),
+    ]
+
+
+def splitter_lines(*lines: bytes) -> list[Any]:
+    return [Line(line) for line in lines]
+
+
+def test_a_carriage_return_before_the_newline_is_the_terminator() -> None:
+    splitter = LineSplitter(limit=1000, stream_after=4)
+    assert splitter.feed(b"abcdef\r") == [LongLineStart(b"abcdef")]
+    assert splitter.feed(b"\nxy\n") == [LongLineEnd(b""), *splitter_lines(b"xy")]
+
+
+def test_a_held_line_is_gathered_whole() -> None:
+    splitter = LineSplitter(limit=1000, stream_after=4)
+    (start,) = splitter.feed(b"abcdef")
+    assert isinstance(start, LongLineStart)
+    splitter.hold(start.data)
+    assert splitter.feed(b"gh") == []
+    assert splitter.feed(b"ij\nkl\n") == splitter_lines(b"abcdefghij", b"kl")
+    # The next long line is offered again.
+    assert splitter.feed(b"mnopqr") == [LongLineStart(b"mnopqr")]
+
+
+def test_the_rest_of_a_cut_line_is_dropped_without_a_report() -> None:
+    splitter = LineSplitter(limit=1000, stream_after=4)
+    splitter.feed(b"abcdef")
+    splitter.discard_rest()
+    assert splitter.feed(b"ghij") == []
+    assert splitter.feed(b"kl\nmn\n") == splitter_lines(b"mn")
+
+
+def test_a_passed_line_over_the_limit_is_reported_at_its_end() -> None:
+    splitter = LineSplitter(limit=20, stream_after=4)
+    splitter.feed(b"abcdefgh")
+    assert splitter.feed(b"i" * 10) == [LongLinePart(b"i" * 10)]
+    assert splitter.feed(b"j" * 10) == []
+    assert splitter.feed(b"k\nok\n") == [OverlongLine(29), *splitter_lines(b"ok")]
+
+
+def test_end_of_stream_ends_a_passed_line() -> None:
+    splitter = LineSplitter(limit=100, stream_after=4)
+    splitter.feed(b"abcdef")
+    assert splitter.close() == [LongLineEnd(b"")]
+
+
+# --------------------------------------------------------------------- the router
+
+
+def envelope_of(prefix: bytes) -> Any:
+    validator = LineValidator()
+    validator.feed(prefix)
+    return validator.envelope
+
+
+def sinkless() -> tuple[Router, list[tuple[int, bytes]]]:
+    sent: list[tuple[int, bytes]] = []
+    return Router(lambda peer, raw: sent.append((peer, raw))), sent
+
+
+@pytest.mark.parametrize(
+    ("prefix", "streams"),
+    [
+        (b'{"jsonrpc":"2.0","id":1,"method":"fs/write","params":{"c":"xx', True),
+        (b'{"jsonrpc":"2.0","method":"note","params":{"c":"xx', True),
+        (b'{"jsonrpc":"2.0","id":1,"result":{"c":"xx', True),
+        (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"c":"xx', False),
+        (b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"c":"xx', False),
+        (b'{"jsonrpc":"2.0","id":1,"method":"authenticate","params":{"c":"xx', False),
+        (b'{"jsonrpc":"2.0","params":{"c":"xx', False),  # method unknown yet
+        (b'{"jsonrpc":"2.0","id":[1],"method":"x","params":{"c":"xx', False),
+        (b'[{"jsonrpc":"2.0","method":"x","params":{"c":"xx', False),  # a batch
+        (b'{"jsonrpc":"2.0","id":1,"method":"x","_meta":{"c":"xx', False),
+    ],
+)
+def test_which_client_lines_may_pass_as_they_come(prefix: bytes, streams: bool) -> None:
+    router, _ = sinkless()
+    assert (router.stream_from_client(envelope_of(prefix)) == PRIMARY) is streams
+
+
+def test_no_client_line_passes_early_while_the_gate_holds_or_an_id_would_change() -> None:
+    prefix = b'{"jsonrpc":"2.0","id":"acp-bridge-1","method":"x","params":{"c":"xx'
+    router, _ = sinkless()
+    router.request(PRIMARY, "own/request", {})  # in flight as acp-bridge-1
+    assert router.stream_from_client(envelope_of(prefix)) is None
+    router, _ = sinkless()
+    router.add_hop()  # two processes: where it goes depends on its params
+    assert router.stream_from_client(envelope_of(prefix)) is None
+    router, _ = sinkless()
+    router.receive_from_client(
+        jsonrpc.parse(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}')
+    )
+    assert router.gate.active
+    assert router.stream_from_client(envelope_of(prefix)) is None
+
+
+def test_an_answer_the_bridge_waits_for_is_never_passed_early() -> None:
+    router, _ = sinkless()
+    router.request(PRIMARY, "own/request", {})
+    assert isinstance(router.hops[PRIMARY].pending.get("acp-bridge-1"), ForWaiter)
+    prefix = b'{"jsonrpc":"2.0","id":"acp-bridge-1","result":{"c":"xx'
+    assert not router.stream_from_agent(PRIMARY, envelope_of(prefix))
+
+
+def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() -> None:
+    router, sent = sinkless()
+    line = b'{"jsonrpc":"2.0","method":"x","params":{"c":"' + b"y" * 100 + b'"},"id":9}'
+    validator = LineValidator()
+    validator.feed(line[:40])
+    assert router.stream_from_client(validator.envelope) == PRIMARY
+    validator.feed(line[40:])
+    assert router.stream_ended_from_client(PRIMARY, validator.finish())
+    assert sent == []  # the runtime writes the bytes; the router only records the request
+    router.receive_from_agent(PRIMARY, jsonrpc.parse(b'{"jsonrpc":"2.0","id":9,"result":{}}'))
+    assert sent == [(-1, b'{"jsonrpc":"2.0","id":9,"result":{}}')]
+
+
+# ---------------------------------------------------------------- the runtime
+
+
+def request_line(request_id: Any, method: str, text: str, *, tail: bytes = b"") -> bytes:
+    head = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method}).encode()[:-1]
+    return head + b',"params":{"blob":' + json.dumps(text).encode() + b"}" + tail + b"}"
+
+
+async def send_in_pieces(wire: Any, data: bytes, piece: int = 64 * 1024) -> None:
+    """Write as a pipe would deliver it: the bridge reads each piece before the next."""
+    for start in range(0, len(data), piece):
+        await wire.send_stream.send_all(data[start : start + piece])
+        await trio.testing.wait_all_tasks_blocked()
+
+
+async def read_line(wire: Any) -> bytes:
+    while b"\n" not in wire.buffer:
+        wire.buffer += await wire.receive_stream.receive_some(1 << 20)
+    line, wire.buffer = wire.buffer.split(b"\n", 1)
+    return bytes(line)
+
+
+async def test_a_long_request_reaches_the_agent_before_its_end_was_sent() -> None:
+    text = "é" * (2 * MiB)
+    line = request_line(7, "_test/echo", text)
+    async with bridge_over_memory() as (client, agent):
+        cut = len(line) - 1000
+        await client.send_stream.send_all(line[:cut])
+        with trio.fail_after(5):
+            while agent.bytes_received < STREAM_AFTER:
+                await trio.sleep(0.01)
+        before = agent.bytes_received
+        await client.send_stream.send_all(line[cut:] + b"\n")
+        answer = await read_line(client)
+        assert before > STREAM_AFTER  # passed on while the client had not finished it
+        assert agent.received_raw[-1] == line  # byte for byte
+        assert json.loads(answer) == {"jsonrpc": "2.0", "id": 7, "result": {"blob": text}}
+
+
+async def test_a_long_line_that_breaks_midway_is_cut_and_answered() -> None:
+    line = request_line(8, "_test/echo", "x" * MiB)
+    broken = line[: 600 * 1024] + b"\x01" + line[600 * 1024 :]
+    async with bridge_over_memory() as (client, agent):
+        await send_in_pieces(client, broken + b"\n")
+        error = json.loads(await read_line(client))
+        assert error["id"] == 8
+        assert error["error"]["code"] == jsonrpc.PARSE_ERROR
+        # The agent got a start it cannot parse, and dropped it; the bridge serves on.
+        await client.send({"jsonrpc": "2.0", "id": 9, "method": "_test/echo", "params": {"n": 1}})
+        assert json.loads(await read_line(client))["id"] == 9
+        assert len(agent.unparsed) == 1
+        assert broken.startswith(agent.unparsed[0])
+        assert [m.get("id") for m in agent.received if m.get("method") == "_test/echo"] == [9]
+
+
+async def test_a_long_line_over_the_limit_is_cut_and_answered() -> None:
+    line = request_line(3, "_test/echo", "z" * (2 * MiB))
+    async with bridge_over_memory(line_limit=MiB) as (client, agent):
+        await send_in_pieces(client, line + b"\n")
+        error = json.loads(await read_line(client))
+        assert (error["id"], error["error"]["code"]) == (3, jsonrpc.INVALID_REQUEST)
+        await client.send({"jsonrpc": "2.0", "id": 4, "method": "_test/echo", "params": {}})
+        assert json.loads(await read_line(client))["id"] == 4
+        assert len(agent.unparsed) == 1
+
+
+async def test_an_id_after_the_large_member_still_routes_the_answer() -> None:
+    line = request_line(None, "_test/echo", "q" * MiB).replace(b'"id": null, ', b"")
+    line = line[:-1] + b',"id":"late"}'
+    async with bridge_over_memory() as (client, _agent):
+        await send_in_pieces(client, line + b"\n")
+        answer = json.loads(await read_line(client))
+        assert answer["id"] == "late"
+        assert len(answer["result"]["blob"]) == MiB
+
+
+async def test_frames_around_a_long_line_keep_their_order() -> None:
+    async with bridge_over_memory() as (client, agent):
+        note = {"jsonrpc": "2.0", "method": "_test/note", "params": {}}
+        await send_in_pieces(
+            client,
+            json.dumps({**note, "params": {"n": 1}}).encode()
+            + b"\n"
+            + request_line(5, "_test/echo", "w" * MiB)
+            + b"\n"
+            + json.dumps({**note, "params": {"n": 2}}).encode()
+            + b"\n"
+        )
+        assert json.loads(await read_line(client))["id"] == 5
+        await client.send({"jsonrpc": "2.0", "id": 6, "method": "_test/echo", "params": {}})
+        assert json.loads(await read_line(client))["id"] == 6
+        order = [m.get("params", {}).get("n", m.get("id")) for m in agent.received[-4:]]
+        assert order == [1, 5, 2, 6]
+
+
+async def test_an_agent_line_that_breaks_midway_never_reaches_the_client_whole() -> None:
+    async with bridge_over_memory() as (client, agent):
+        good = json.dumps(
+            {"jsonrpc": "2.0", "method": "session/update", "params": {"t": "a" * MiB}}
+        )
+        bad = good[: 700 * 1024] + "\x02" + good[700 * 1024 :]
+        data = bad.encode() + b"\n" + good.encode() + b"\n"
+        for start in range(0, len(data), 64 * 1024):
+            await agent.send_bytes(data[start : start + 64 * 1024])
+            await trio.testing.wait_all_tasks_blocked()
+        first = await read_line(client)
+        with pytest.raises(ValueError):
+            json.loads(first)
+        assert bad.encode().startswith(first)
+        assert await read_line(client) == good.encode()
+
+
+async def test_an_intercepted_method_is_still_gathered_whole() -> None:
+    async with bridge_over_memory() as (client, agent):
+        padding = "p" * MiB
+        await client.send(
+            {"jsonrpc": "2.0", "id": 11, "method": "session/new",
+             "params": {"cwd": "/", "mcpServers": [], "_meta": {"padding": padding},
+                        "systemPrompt": {"mode": "append",
+                                         "content": [{"type": "text", "text": "Be brief."}]}}}
+        )  # fmt: skip
+        answer = json.loads(await read_line(client))
+        assert answer["result"]["sessionId"].startswith("sess-")
+        (forwarded,) = [m for m in agent.received if m.get("method") == "session/new"]
+        assert forwarded["params"]["_meta"]["padding"] == padding
