@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
     JOIN_LIMIT,
+    Item,
     Line,
     LineSplitter,
     OverlongLine,
@@ -21,8 +22,8 @@ from acp_bridge.framing import (
 )
 
 
-def feed_all(splitter: LineSplitter, *chunks: bytes | bytearray) -> list[Line | OverlongLine]:
-    out: list[Line | OverlongLine] = []
+def feed_all(splitter: LineSplitter, *chunks: bytes | bytearray) -> list[Item]:
+    out: list[Item] = []
     for chunk in chunks:
         out += splitter.feed(chunk)
     return out + splitter.close()
@@ -189,7 +190,7 @@ def expected_lines(stream: bytes, limit: int) -> list[Line | OverlongLine]:
     pieces = stream.split(b"\n")
     if not pieces[-1]:
         pieces.pop()  # the stream ended with a newline: no final partial line
-    out: list[Line | OverlongLine] = []
+    out: list[Item] = []
     for piece in pieces:
         frame = piece[:-1] if piece.endswith(b"\r") else piece
         out.append(Line(frame) if len(frame) <= limit else OverlongLine(len(piece)))
