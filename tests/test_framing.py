@@ -184,7 +184,7 @@ def test_lines_complete_in_one_read_are_not_copied_twice() -> None:
     assert peak_while(lambda: splitter.feed(data)) < 1.3 * len(data)
 
 
-def expected_lines(stream: bytes, limit: int) -> list[Line | OverlongLine]:
+def expected_lines(stream: bytes, limit: int) -> list[Item]:
     """What the splitter must give for ``stream``, however it arrives: every line (and a
     final one without a newline), a trailing ``\\r`` removed, over-long ones by size."""
     pieces = stream.split(b"\n")
