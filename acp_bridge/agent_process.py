@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -76,6 +77,19 @@ def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -
     return str(exc) or type(exc).__name__
 
 
+# Pipes the bridge reads and writes hold this much (Linux's default is 64 KiB, and a
+# process may raise its own pipes to /proc/sys/fs/pipe-max-size, 1 MiB by default): a large
+# frame then crosses in a sixteenth of the reads and writes, and a pump wakes less often.
+PIPE_SIZE: Final = 1 << 20
+
+
+def widen_pipe(fd: int) -> None:
+    """Give the pipe behind ``fd`` room for :data:`PIPE_SIZE` bytes, where allowed."""
+    with contextlib.suppress(OSError):  # not a pipe, or over the system's maximum
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < PIPE_SIZE:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+
+
 class StartedProcess:
     """A child started with :class:`subprocess.Popen`, as trio's ``Process`` is used here."""
 
@@ -125,6 +139,10 @@ class AgentProcess:
         assert process.stdin is not None and process.stdout is not None
         self.stdin: trio.abc.SendStream = process.stdin
         self.stdout: trio.abc.ReceiveStream = process.stdout
+        for stream in (process.stdin, process.stdout):
+            fileno = getattr(stream, "fileno", None)  # trio's pipe streams have one
+            if fileno is not None:
+                widen_pipe(fileno())
         self.pgid = process.pid  # start_new_session makes the child its group leader
         self._stdin_closed = False
         self.terminated_by_bridge = False

@@ -21,7 +21,7 @@ import click
 import trio
 
 from acp_bridge import __version__
-from acp_bridge.agent_process import AgentProcess, AgentStartError
+from acp_bridge.agent_process import AgentProcess, AgentStartError, widen_pipe
 
 if TYPE_CHECKING:
     from acp_bridge.registry import AdapterRegistry
@@ -261,6 +261,8 @@ async def run_stdio(
         acp_fd = claim_stdout()
     client_in = trio.lowlevel.FdStream(os.dup(0))
     client_out = trio.lowlevel.FdStream(acp_fd)
+    widen_pipe(0)
+    widen_pipe(acp_fd)
     store = open_store(runtime.state)
     try:
         lifecycle = Lifecycle.for_command(store, runtime.options.agent_argv)

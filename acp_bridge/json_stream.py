@@ -47,6 +47,7 @@ _SCALAR_RUN: Final = re.compile(
     r"(?:[ \t\r]*(?:-?(?:0|[1-9][0-9]{0,4299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
     r'|true|false|null|"[^"\\\x00-\x1f]*")[ \t\r]*,)+'
 )
+_WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
 _RUN_WINDOW: Final = 64 * 1024  # the engine slows down on longer matches
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
 # A top-level member value kept for routing: an id, a method name.
@@ -115,6 +116,10 @@ class LineValidator:
             if controls.strip(_WHITESPACE_CONTROLS):
                 raise _invalid("a control character outside the JSON grammar")
             self._controls = True
+        elif self._expect == _STRING and not self._in_key and not self._text:
+            data = self._skip_string_bytes(data)
+            if not data:
+                return
         try:
             text = self._decoder.decode(data)
         except UnicodeDecodeError as exc:
@@ -125,6 +130,29 @@ class LineValidator:
                 raise _invalid("a byte order mark")
         self._text = self._text + text if self._text else text
         self._run(final=False)
+
+    def _skip_string_bytes(self, data: bytes) -> bytes:
+        """Inside a string value, with no control byte in ``data``: skip the string's text
+        without decoding it (the bulk of a long line); what follows its end, if it ends."""
+        if self._decoder.getstate()[0]:
+            return data  # a character split across pieces: the decoder has its start
+        quote = data.find(b'"')
+        stop = quote if quote >= 0 else len(data)
+        if data.find(b"\\", 0, stop) >= 0:
+            return data  # escapes: judged on the decoded text
+        span = data if quote < 0 else data[:quote]
+        if not span.isascii():
+            try:
+                self._decoder.decode(span)  # judged, not kept; a split character waits
+            except UnicodeDecodeError as exc:
+                raise _invalid(f"not UTF-8 ({exc.reason})") from None
+            if quote >= 0 and self._decoder.getstate()[0]:
+                raise _invalid("not UTF-8 (a character cut by a quote)")
+        self._started = True
+        if quote < 0:
+            return b""
+        self._value_done(_UNKNOWN)
+        return data[quote + 1 :]
 
     def finish(self) -> Envelope:
         """The line is complete: its envelope, if it is one valid JSON value."""
@@ -222,7 +250,13 @@ class LineValidator:
             return -after - 1  # where the string's text stops (it is judged up to there)
         if char in {"{", "["}:
             try:
-                value, after = _scan_once(text, pos)
+                if len(text) - pos > _WHOLE_AT_ONCE:
+                    # Only a small value is worth the C scanner building it; a larger one
+                    # fails here after a bounded look and is entered instead.
+                    value, after = _scan_once(text[pos : pos + _WHOLE_AT_ONCE], 0)
+                    after += pos
+                else:
+                    value, after = _scan_once(text, pos)
             except (ValueError, StopIteration, RecursionError):
                 # Not complete within the text held (or invalid further on, or deep):
                 # enter it and judge it token by token.

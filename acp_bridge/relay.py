@@ -60,7 +60,7 @@ from acp_bridge.framing import (
     OverlongLine,
     join_lines,
 )
-from acp_bridge.json_stream import LineValidator
+from acp_bridge.json_stream import Envelope, LineValidator
 from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AUTO, AdapterRegistry
@@ -738,7 +738,25 @@ class Bridge:
                 with contextlib.suppress(*WRITE_FAILED):
                     await link.outbox.settle()
 
+    def _whole_long_line(self, raw: bytes) -> Envelope | None:
+        """A long line that arrived in one piece, judged by the validator (which does not
+        build its value): its envelope, or None to parse it the usual way."""
+        if len(raw) < STREAM_AFTER or self._tracing:
+            return None
+        validator = LineValidator()
+        try:
+            validator.feed(raw)
+            return validator.finish()
+        except FrameError:
+            return None  # the usual way says why
+
     def _from_client(self, raw: bytes) -> None:
+        envelope = self._whole_long_line(raw)
+        if envelope is not None:
+            hop = self.router.pass_whole_from_client(envelope)
+            if hop is not None:
+                self._sink(hop, raw)
+                return
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
@@ -877,6 +895,10 @@ class Bridge:
         await line.end(item.data)
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
+        envelope = self._whole_long_line(raw)
+        if envelope is not None and self.router.pass_whole_from_agent(link.hop, envelope):
+            self._sink(CLIENT, raw)
+            return
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:

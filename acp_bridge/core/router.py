@@ -133,6 +133,15 @@ def _single_kind(message: Any) -> Kind | None:
         return None
 
 
+def _body_member(envelope: Envelope) -> str | None:
+    """Where a complete message's large part is: ``params``, or ``result`` for an answer."""
+    try:
+        kind = envelope.kind()
+    except jsonrpc.FrameError:
+        return None
+    return "result" if kind is Kind.RESPONSE else "params"
+
+
 class Router:
     """Routes the frames of one client connection to and from its agent processes."""
 
@@ -406,6 +415,26 @@ class Router:
                 return False
             routed = self._client_response(message)
         return routed is None or (routed[0] == hop and not routed[2])
+
+    def pass_whole_from_client(self, envelope: Envelope) -> int | None:
+        """A long client line that arrived whole, judged valid JSON without being decoded:
+        if it goes on unchanged, record it and return its hop; None: decode and receive it
+        the usual way."""
+        if len(self.hops) != 1 or self.gate.active or self.hops[PRIMARY].closed:
+            return None
+        member = _body_member(envelope)
+        if member is None or not self._streamable_from_client(envelope.members, member):
+            return None
+        return PRIMARY if self.stream_ended_from_client(PRIMARY, envelope) else None
+
+    def pass_whole_from_agent(self, hop: int, envelope: Envelope) -> bool:
+        """The same for a long agent line: True if it was recorded and goes on unchanged."""
+        member = _body_member(envelope)
+        return (
+            member is not None
+            and self._streamable_from_agent(hop, envelope.members, member)
+            and self.stream_ended_from_agent(hop, envelope)
+        )
 
     def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
         """Whether an agent line still arriving may be passed on to the client as it comes."""
