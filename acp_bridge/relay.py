@@ -834,7 +834,9 @@ class Bridge:
                     self._from_agent(link, item.data)
                 elif isinstance(item, OverlongLine):
                     if long_line:
-                        await long_line.pop().end(b"")
+                        line = long_line.pop()
+                        await line.end(b"")
+                        self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
@@ -890,6 +892,7 @@ class Bridge:
             if isinstance(item, LongLinePart):
                 splitter.discard_rest()
             log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, exc.message)
+            self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
             return
         long_line.clear()
         await line.end(item.data)

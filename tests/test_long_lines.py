@@ -175,8 +175,9 @@ async def send_in_pieces(wire: Any, data: bytes, piece: int = 64 * 1024) -> None
 
 
 async def read_line(wire: Any) -> bytes:
-    while b"\n" not in wire.buffer:
-        wire.buffer += await wire.receive_stream.receive_some(1 << 20)
+    with trio.fail_after(10):
+        while b"\n" not in wire.buffer:
+            wire.buffer += await wire.receive_stream.receive_some(1 << 20)
     line, wire.buffer = wire.buffer.split(b"\n", 1)
     return bytes(line)
 
@@ -245,7 +246,7 @@ async def test_frames_around_a_long_line_keep_their_order() -> None:
             + request_line(5, "_test/echo", "w" * MiB)
             + b"\n"
             + json.dumps({**note, "params": {"n": 2}}).encode()
-            + b"\n"
+            + b"\n",
         )
         assert json.loads(await read_line(client))["id"] == 5
         await client.send({"jsonrpc": "2.0", "id": 6, "method": "_test/echo", "params": {}})
@@ -284,3 +285,18 @@ async def test_an_intercepted_method_is_still_gathered_whole() -> None:
         assert answer["result"]["sessionId"].startswith("sess-")
         (forwarded,) = [m for m in agent.received if m.get("method") == "session/new"]
         assert forwarded["params"]["_meta"]["padding"] == padding
+
+
+async def test_a_client_whose_answer_was_cut_is_told() -> None:
+    async with bridge_over_memory() as (client, agent):
+        await client.send({"jsonrpc": "2.0", "id": 21, "method": "_test/hold", "params": {}})
+        await trio.testing.wait_all_tasks_blocked()
+        answer = json.dumps({"jsonrpc": "2.0", "id": 21, "result": {"t": "a" * MiB}}).encode()
+        broken = answer[: 600 * 1024] + b"\x03" + answer[600 * 1024 :] + b"\n"
+        for start in range(0, len(broken), 64 * 1024):
+            await agent.send_bytes(broken[start : start + 64 * 1024])
+            await trio.testing.wait_all_tasks_blocked()
+        cut = await read_line(client)
+        assert answer.startswith(cut)
+        error = json.loads(await read_line(client))
+        assert (error["id"], error["error"]["code"]) == (21, jsonrpc.INTERNAL_ERROR)

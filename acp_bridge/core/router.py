@@ -436,6 +436,24 @@ class Router:
             and self.stream_ended_from_agent(hop, envelope)
         )
 
+    def stream_cut_from_agent(self, hop: int, envelope: Envelope) -> None:
+        """An agent line passed on as it came was cut (not valid JSON-RPC after all). If it
+        was the answer to a client request, the client is told, so that it does not wait."""
+        members = envelope.members
+        if envelope.open_member not in ("result", "error") or "method" in members:
+            return
+        wire_id = members.get("id")
+        if not is_request_id(wire_id) or self.hops[hop].pending.get(wire_id) != FromClient(wire_id):
+            return
+        self.hops[hop].pending.resolve(wire_id)
+        if self._client_inflight.get(wire_id) == (hop, wire_id):
+            del self._client_inflight[wire_id]
+        self._answer_error(
+            wire_id,
+            jsonrpc.INTERNAL_ERROR,
+            "The agent's answer was not valid JSON-RPC; the bridge cut it short.",
+        )
+
     def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
         """Whether an agent line still arriving may be passed on to the client as it comes."""
         return self._streamable_from_agent(hop, envelope.members, envelope.open_member)
