@@ -31,6 +31,7 @@ from conftest import run_verify
 
 from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
+from acp_bridge.relay import STREAM_AFTER
 from acp_bridge.verify import DefaultPrompt
 
 pytestmark = pytest.mark.e2e
@@ -371,3 +372,44 @@ async def test_claudes_own_meta_string_form_reaches_the_model_as_sent(
         system = await bridged.system(session)
     assert "You are MARKER-OWN-STRING, a terse assistant." in system
     assert default.share_in(system) <= GONE_AT_MOST
+
+
+@dataclass
+class Trickle:
+    """A client's output that arrives in pieces, as from a slow editor: the bridge reads a
+    long line in several reads."""
+
+    stream: Any
+    piece: int = 96 * 1024
+
+    async def send_all(self, data: bytes) -> None:
+        for start in range(0, len(data), self.piece):
+            await self.stream.send_all(data[start : start + self.piece])
+            await trio.sleep(0.02)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def test_a_long_prompt_line_passes_through_as_it_arrives(current_rig: ClaudeRig) -> None:
+    # About 480 KiB of user text (what the CLI still takes as one turn), written in pieces:
+    # the bridge passes the session/prompt line on while it is still arriving and judges it
+    # on the way; the agent reads every byte, and the session keeps the client's prompt.
+    text = "".join(f"line {n:06d} of a long pasted file, with “quotes” and \\ escapes\n"
+                   for n in range(7_500))  # fmt: skip
+    assert len(text.encode()) > 3 * STREAM_AFTER // 2
+    async with current_rig.bridge() as bridged:
+        session = await bridged.new(text_prompt("append", "MARKER-LONG-LINE"))
+        bridged.client.send_stream = Trickle(bridged.client.send_stream)  # type: ignore[assignment]
+        with trio.fail_after(TIMEOUT):
+            await bridged.client.request(
+                "session/prompt",
+                {"sessionId": session, "prompt": [{"type": "text", "text": text}]},
+            )
+            while True:
+                calls = current_rig.endpoint.main_requests("anthropic")
+                matching = [call for call in calls if any(text in t for t in call.user_texts())]
+                if matching:
+                    break
+                await current_rig.endpoint.wait_for_requests(len(calls) + 1, TIMEOUT)
+    assert "MARKER-LONG-LINE" in matching[0].system_text()
