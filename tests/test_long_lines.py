@@ -8,6 +8,8 @@ a coroutine (tests/memory_agent.py), which drops lines it cannot parse as the AC
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -300,3 +302,110 @@ async def test_a_client_whose_answer_was_cut_is_told() -> None:
         assert answer.startswith(cut)
         error = json.loads(await read_line(client))
         assert (error["id"], error["error"]["code"]) == (21, jsonrpc.INTERNAL_ERROR)
+
+
+# ------------------------------------------------------------------------ fuzz
+
+LONG_SEED = 20261202
+
+
+def long_line(rng: random.Random, request_id: Any | None, method: str) -> bytes:
+    """A long message: a big string among other members, in a random order of keys."""
+    size = rng.choice([300 * 1024, 700 * 1024, 1536 * 1024])  # the last is over the limit
+    blob = json.dumps(rng.choice(["x", "é", "\\\\", "\\u00e9", "😀"]) * (size // 4))
+    members = [b'"jsonrpc":"2.0"', b'"method":' + json.dumps(method).encode()]
+    if request_id is not None:
+        members.append(b'"id":' + json.dumps(request_id).encode())
+    rng.shuffle(members)
+    params = b'"params":{"sessionId":"s","blob":' + blob.encode() + b"}"
+    members.insert(rng.randrange(len(members) + 1), params)
+    return b"{" + b",".join(members) + b"}"
+
+
+def mutate(rng: random.Random, line: bytes) -> bytes:
+    at = rng.randrange(len(line))
+    return line[:at] + rng.choice([b"\x01", b"\xff", b'"', b"}", b"\\q"]) + line[at:]
+
+
+def is_valid(line: bytes) -> bool:
+    try:
+        jsonrpc.parse_in_full(line)
+    except jsonrpc.FrameError:
+        return False
+    return True
+
+
+async def send_pieces(send: Any, data: bytes, rng: random.Random) -> None:
+    start = 0
+    while start < len(data):
+        size = rng.choice([4096, 65536, 200 * 1024, 1 << 20])
+        await send(data[start : start + size])
+        await trio.testing.wait_all_tasks_blocked()
+        start += size
+
+
+@dataclass
+class Sent:
+    """What one side sent: lines the bridge must pass whole, and lines it may cut."""
+
+    valid: list[bytes] = field(default_factory=list)
+    broken: list[bytes] = field(default_factory=list)
+
+    def add(self, line: bytes) -> None:
+        (self.valid if is_valid(line) and len(line) <= MiB else self.broken).append(line)
+
+    def check_received(self, lines: list[bytes]) -> None:
+        """Every valid line arrived byte for byte; of a broken one at most its start."""
+        for line in lines:
+            assert line in self.valid or any(broken.startswith(line) for broken in self.broken)
+        assert all(line in lines for line in self.valid)
+        assert self.broken, "the seed must produce broken lines"
+
+
+async def test_long_lines_from_both_sides_keep_every_promise() -> None:
+    rng = random.Random(LONG_SEED)
+    from_client, from_agent = Sent(), Sent()
+    requests: set[Any] = set()
+    received: list[bytes] = []
+    async with bridge_over_memory(line_limit=MiB) as (client, agent):
+        first = len(agent.received_raw)
+
+        async def read_client() -> None:
+            while True:
+                received.append(await read_line(client))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_client)
+            for index in range(60):
+                request_id = index if rng.random() < 0.6 else None
+                line = long_line(rng, request_id, rng.choice(["_test/echo", "x/unknown"]))
+                line = mutate(rng, line) if rng.random() < 0.3 else line
+                from_client.add(line)
+                requests.update([request_id] if request_id is not None else [])
+                await send_pieces(client.send_stream.send_all, line + b"\n", rng)
+                if index % 3 == 0:
+                    update = long_line(rng, None, "session/update")
+                    update = mutate(rng, update) if rng.random() < 0.4 else update
+                    from_agent.add(update)
+                    await send_pieces(agent.send_bytes, update + b"\n", rng)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        from_client.check_received(agent.received_raw[first:])
+
+    answers = [json.loads(line) for line in received if is_valid(line)]
+    updates = [line for line in received if is_valid(line) and b'"session/update"' in line]
+    assert all(line in from_agent.valid for line in updates)
+    assert all(line in updates for line in from_agent.valid)
+    for line in (line for line in received if not is_valid(line)):
+        # A broken update's start, or an echoed answer cut at the line limit.
+        cut_answer = line.startswith(b'{"jsonrpc":"2.0","id":')
+        assert cut_answer or any(broken.startswith(line) for broken in from_agent.broken)
+    assert from_agent.broken, "the seed must produce broken lines"
+    answered = [message["id"] for message in answers if "method" not in message]
+    # Every request with an id is answered exactly once: by the agent, or with the error;
+    # a broken line whose id could not be read is answered with id null.
+    readable = [rid for rid in answered if rid in requests]
+    assert sorted(readable) == sorted(set(readable))
+    assert len(requests - set(readable)) <= answered.count(None)
+    whole = [json.loads(line) for line in from_client.valid]
+    assert {message["id"] for message in whole if "id" in message} <= set(readable)
