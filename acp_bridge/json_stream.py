@@ -14,9 +14,10 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
 
 It accepts exactly the JSON that :func:`acp_bridge.jsonrpc.parse` accepts (strict UTF-8,
 no byte order mark, no ``NaN``/``Infinity``, no control characters in strings), except that
-it has no nesting limit: its stack is a list, not recursion. Of the top-level object it
-remembers the small members (``jsonrpc``, ``id``, ``method``) and the type of the large
-ones, which is what routing needs (:class:`Envelope`).
+it has no nesting limit (its stack is a list, not recursion) and refuses a number longer
+than 64 KiB (held until it ends, it would cost time quadratic in its length). Of the
+top-level object it remembers the small members (``jsonrpc``, ``id``, ``method``) and the
+type of the large ones, which is what routing needs (:class:`Envelope`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ _SCALAR_RUN: Final = re.compile(
 )
 _WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
 _RUN_WINDOW: Final = 64 * 1024  # the engine slows down on longer matches
+_LONGEST_NUMBER: Final = 64 * 1024
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
@@ -282,6 +284,10 @@ class LineValidator:
             and type(value) in (int, float)
             and (after == len(text) or _number_goes_on(text, after))
         ):
+            if after - pos > _LONGEST_NUMBER:
+                # Held whole until it ends, a longer one would cost time quadratic in its
+                # length; json's own reader refuses integers of more than 4,300 digits.
+                raise _invalid("a number longer than 64 KiB")
             return -1  # the number may go on in the next piece
         self._value_done(value)
         return after

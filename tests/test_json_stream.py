@@ -22,7 +22,9 @@ scalars = (
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
     max_leaves=30,
 )
 
@@ -81,7 +83,9 @@ def test_mutated_lines_get_the_parsers_verdict(
         elif action < 0.8:
             line.insert(at, rng.choice(b'{}[]",:\\ u0123456789eE.+-tfnaxl\t\r\x01\xc3\xa9\xff'))
         else:
-            line[at:at] = rng.choice([b"NaN", b"-Infinity", b"\\ud800", b"\xed\xa0\x80", b"\xef\xbb\xbf"])
+            line[at:at] = rng.choice(
+                [b"NaN", b"-Infinity", b"\\ud800", b"\xed\xa0\x80", b"\xef\xbb\xbf"]
+            )
     raw = bytes(line).replace(b"\n", b"")
     expected = parse_verdict(raw)
     for cuts in splits(raw, rng):
@@ -102,7 +106,7 @@ def test_mutated_lines_get_the_parsers_verdict(
         b'{"a":1}}',
         b'{"a":1',
         b'{"a" 1}',
-        b'[1,]',
+        b"[1,]",
         b'{"a":tru}',
         b"",
         b"   ",
@@ -127,7 +131,12 @@ def test_envelope_keeps_small_members_and_the_type_of_large_ones() -> None:
     validator = LineValidator()
     validator.feed(line[:200_000])
     envelope = validator.envelope
-    assert envelope.members == {"jsonrpc": "2.0", "id": 7, "method": "fs/write_text_file", "params": Large(dict)}
+    assert envelope.members == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "fs/write_text_file",
+        "params": Large(dict),
+    }
     assert envelope.open_member == "params"
     validator.feed(line[200_000:])
     envelope = validator.finish()
@@ -146,3 +155,11 @@ def test_a_top_level_key_split_across_pieces_is_read_whole() -> None:
     for piece in (line[:7], line[7:20], line[20:34], line[34:]):
         validator.feed(piece)
     assert validator.finish().members == {"jsonrpc": "2.0", "method": "x", "params": Large(dict)}
+
+
+def test_a_number_longer_than_64_kib_is_refused_not_held() -> None:
+    validator = LineValidator()
+    validator.feed(b'{"a":1.')
+    with pytest.raises(FrameError, match="longer than 64 KiB"):
+        for _ in range(10):
+            validator.feed(b"0" * 10_000)
