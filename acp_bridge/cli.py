@@ -223,6 +223,7 @@ def resolve_runtime(
         allow_override=not no_override and settings.allow_override,
         max_prompt_bytes=settings.max_prompt_bytes,
         line_limit=settings.line_limit,
+        stream_after=settings.stream_after,
         shutdown_grace=settings.shutdown_grace,
         adapter_options=settings.adapter_options,
     )

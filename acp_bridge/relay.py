@@ -51,6 +51,7 @@ from acp_bridge.core.router import (
 )
 from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
+    DEFAULT_STREAM_AFTER,
     JOIN_LIMIT,
     Line,
     LineSplitter,
@@ -78,9 +79,6 @@ log = logging.getLogger("acp_bridge")
 
 # Reads are this large at most; lines are reassembled by the splitter.
 READ_CHUNK: Final = 1 << 20
-# A line still arriving after this many bytes is passed on as it comes, if the router
-# allows it (see LongLine), instead of being gathered whole first.
-STREAM_AFTER: Final = 256 * 1024
 LongItem = LongLineStart | LongLinePart | LongLineEnd
 # After the agent exits, how long its stdout may stay silent before it counts as closed.
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
@@ -106,6 +104,9 @@ class BridgeOptions:
     allow_override: bool = True
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     line_limit: int = DEFAULT_LINE_LIMIT
+    # A line still arriving after this many bytes is passed on as it comes, if the router
+    # allows it (see LongLine), instead of being gathered whole first; 0: never.
+    stream_after: int = DEFAULT_STREAM_AFTER
     shutdown_grace: float = 2.0
     # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.
     adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -636,7 +637,9 @@ class Bridge:
 
     def _splitter(self) -> LineSplitter:
         # A trace records whole frames, so with one every line is gathered whole.
-        stream_after = None if self._tracing else STREAM_AFTER
+        stream_after = self.options.stream_after or None
+        if self._tracing:
+            stream_after = None
         return LineSplitter(self.options.line_limit, stream_after=stream_after)
 
     async def _pump_client(self) -> None:
@@ -741,7 +744,7 @@ class Bridge:
     def _whole_long_line(self, raw: bytes) -> Envelope | None:
         """A long line that arrived in one piece, judged by the validator (which does not
         build its value): its envelope, or None to parse it the usual way."""
-        if len(raw) < STREAM_AFTER or self._tracing:
+        if not self.options.stream_after or len(raw) < self.options.stream_after or self._tracing:
             return None
         validator = LineValidator()
         try:

@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveInt,
     PrivateAttr,
     ValidationError,
@@ -34,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from acp_bridge.framing import DEFAULT_STREAM_AFTER
 from acp_bridge.store import MEMORY, SessionStore
 from acp_bridge.system_prompt import DEFAULT_MAX_PROMPT_BYTES
 
@@ -207,6 +209,8 @@ class BridgeSettings(_Section):
     allow_override: bool = True
     max_prompt_bytes: PositiveInt = DEFAULT_MAX_PROMPT_BYTES
     line_limit: PositiveInt = DEFAULT_LINE_LIMIT
+    # A line this long passes on while it arrives (docs/architecture.md); 0: none does.
+    stream_after: NonNegativeInt = DEFAULT_STREAM_AFTER
     shutdown_grace: NonNegativeFloat = 2.0
     log_level: LogLevel = "warning"
     trace: str | None = None

@@ -20,6 +20,7 @@ from test_runtime import bridge_over_memory
 from acp_bridge import jsonrpc
 from acp_bridge.core.pending import ForWaiter
 from acp_bridge.core.router import PRIMARY, Router
+from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 from acp_bridge.framing import (
     Line,
     LineSplitter,
@@ -29,7 +30,6 @@ from acp_bridge.framing import (
     OverlongLine,
 )
 from acp_bridge.json_stream import LineValidator
-from acp_bridge.relay import STREAM_AFTER
 
 MiB = 1024 * 1024
 
@@ -409,3 +409,13 @@ async def test_long_lines_from_both_sides_keep_every_promise() -> None:
     assert len(requests - set(readable)) <= answered.count(None)
     whole = [json.loads(line) for line in from_client.valid]
     assert {message["id"] for message in whole if "id" in message} <= set(readable)
+
+
+async def test_with_stream_after_0_every_line_is_gathered_whole() -> None:
+    line = request_line(7, "_test/echo", "k" * MiB)
+    async with bridge_over_memory(stream_after=0) as (client, agent):
+        await send_in_pieces(client, line[:-10])
+        assert agent.bytes_received < 1000  # only the initialize exchange
+        await send_in_pieces(client, line[-10:] + b"\n")
+        assert json.loads(await read_line(client))["id"] == 7
+        assert agent.received_raw[-1] == line

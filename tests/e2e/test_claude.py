@@ -30,8 +30,8 @@ import trio
 from conftest import run_verify
 
 from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
-from acp_bridge.relay import STREAM_AFTER
 from acp_bridge.verify import DefaultPrompt
 
 pytestmark = pytest.mark.e2e
