@@ -44,11 +44,19 @@ _CONTROL_IN_STRING: Final = re.compile(r"[\x00-\x1f]")
 # Array items that are short scalars, each followed by a comma: matched many at a time
 # (one regular-expression call instead of a Python step per item). Integers longer than
 # json reads (4,300 digits) are left to the scanner, which refuses them.
+_WS_CLASS: Final = r"[ \t\r]*"
+_SCALAR: Final = (
+    r"(?:-?(?:0|[1-9][0-9]{0,4299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+    r'|true|false|null|"[^"\\\x00-\x1f]*")'
+)
+_FLAT_MEMBER: Final = rf'{_WS_CLASS}"[^"\\\x00-\x1f]*"{_WS_CLASS}:{_WS_CLASS}{_SCALAR}{_WS_CLASS}'
+# Array items that are short scalars or flat objects of them, each followed by a comma.
 _SCALAR_RUN: Final = re.compile(
-    r"(?:[ \t\r]*(?:-?(?:0|[1-9][0-9]{0,4299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-    r'|true|false|null|"[^"\\\x00-\x1f]*")[ \t\r]*,)+'
+    rf"(?:{_WS_CLASS}(?:{_SCALAR}|\{{(?:{_FLAT_MEMBER},)*{_FLAT_MEMBER}\}}|\{{{_WS_CLASS}\}}"
+    rf"|\[{_WS_CLASS}\]){_WS_CLASS},)+"
 )
 _WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
+_SCAN_WINDOWS: Final = (2 * 1024, _WHOLE_AT_ONCE)  # most are small: a short look first
 _RUN_WINDOW: Final = 64 * 1024  # the engine slows down on longer matches
 _LONGEST_NUMBER: Final = 64 * 1024
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
@@ -252,13 +260,7 @@ class LineValidator:
             return -after - 1  # where the string's text stops (it is judged up to there)
         if char in {"{", "["}:
             try:
-                if len(text) - pos > _WHOLE_AT_ONCE:
-                    # Only a small value is worth the C scanner building it; a larger one
-                    # fails here after a bounded look and is entered instead.
-                    value, after = _scan_once(text[pos : pos + _WHOLE_AT_ONCE], 0)
-                    after += pos
-                else:
-                    value, after = _scan_once(text, pos)
+                value, after = _scan_small(text, pos)
             except (ValueError, StopIteration, RecursionError):
                 # Not complete within the text held (or invalid further on, or deep):
                 # enter it and judge it token by token.
@@ -362,6 +364,22 @@ class LineValidator:
                     self.envelope.members[key] = _kept(value)
             self._key = None
         self._expect = _DONE if depth == 0 else _AFTER_VALUE
+
+
+def _scan_small(text: str, pos: int) -> tuple[Any, int]:
+    """json's C scanner on the value at ``pos`` if it is small: only a small value is worth
+    building, so a larger one fails after a bounded look (and is entered instead)."""
+    if len(text) - pos <= _WHOLE_AT_ONCE:
+        return _scan_once(text, pos)
+    for window in _SCAN_WINDOWS:
+        try:
+            value, after = _scan_once(text[pos : pos + window], 0)
+        except (ValueError, StopIteration):
+            if window == _WHOLE_AT_ONCE:
+                raise
+            continue
+        return value, after + pos
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _escape_safe_cut(text: str, pos: int) -> int:
