@@ -57,7 +57,7 @@ _SCALAR_RUN: Final = re.compile(
 )
 _WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
 _SCAN_WINDOWS: Final = (2 * 1024, _WHOLE_AT_ONCE)  # most are small: a short look first
-_RUN_WINDOW: Final = 64 * 1024  # the engine slows down on longer matches
+_RUN_WINDOW: Final = 16 * 1024  # longer matches slow the engine down and cost it memory
 _LONGEST_NUMBER: Final = 64 * 1024
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
 # A top-level member value kept for routing: an id, a method name.
