@@ -267,8 +267,10 @@ class LongLine:
             self.writing = False
 
     def stop_writing(self) -> None:
-        self.writing = False
-        self.outbox.abort_line()
+        """Give the outbox back, once: it may be another line's by the time a pump ends."""
+        if self.writing:
+            self.writing = False
+            self.outbox.abort_line()
 
 
 class AgentConnection:
@@ -676,7 +678,7 @@ class Bridge:
                     return
         finally:
             if long_line is not None:
-                long_line.outbox.abort_line()
+                long_line.stop_writing()
 
     def _answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
         self._sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
@@ -808,7 +810,7 @@ class Bridge:
             await self._read_agent_lines(link, exited, read_scope, long_line)
         finally:
             for line in long_line:
-                line.outbox.abort_line()
+                line.stop_writing()
 
     async def _read_agent_lines(
         self,
