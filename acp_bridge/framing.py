@@ -174,6 +174,41 @@ class LineSplitter:
         out: list[Item] = [LongLineEnd(piece)]
         return out + self.feed(data[newline + 1 :])
 
+    def feed_short(self, data: bytes | bytearray) -> list[bytes] | None:
+        """:meth:`feed` for a read of short lines, the usual read of a busy stream: the
+        frames it completes as bare bytes (no :class:`Line` objects, which would cost more
+        than some frames take to relay), in order. None, having taken nothing, when the
+        read needs :meth:`feed`: a long line is in progress (passed on, held, or dropped
+        as over-long), the line held from earlier reads and this read together exceed the
+        line limit, or the read leaves a line unfinished that :meth:`feed` would offer as a
+        :class:`LongLineStart`.
+        """
+        if (
+            self._passing
+            or self._holding
+            or self._discarding
+            or len(self._buffer) + len(data) > self.limit
+        ):
+            return None
+        last = data.rfind(b"\n")
+        unfinished = len(self._buffer) + len(data) if last < 0 else len(data) - last - 1
+        if self.stream_after is not None and unfinished >= self.stream_after:
+            return None
+        lines = bytes(data).split(b"\n")
+        tail = lines.pop()  # after the last newline: the start of the next line
+        if lines and self._buffer:
+            # The line held from earlier reads ends here.
+            self._buffer += lines[0]
+            lines[0] = bytes(self._buffer)
+            self._buffer = bytearray()
+        if tail:
+            self._buffer += tail
+        if lines and (b"\r" in data or lines[0].endswith(b"\r")):
+            # The \r of a \r\n terminator is not part of the frame. (The first line may
+            # have its \r at the end of the previous read.)
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+        return lines
+
     def _feed_after_partial(self, data: bytes | bytearray) -> list[Item]:
         out: list[Item] = []
         start = 0

@@ -7,6 +7,7 @@ unless it has to change the message, and only then serialises it again (:func:`e
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import math
 import secrets
@@ -171,6 +172,35 @@ def parse(raw: bytes) -> Frame:
         if request_id is None or type(request_id) in (str, int):
             return Frame(raw, message, Kind.RESPONSE)
     return parse_in_full(raw)
+
+
+def plain_notifications(lines: list[bytes], start: int = 0) -> int:
+    """How far the lines from ``lines[start]`` on are plain notifications: the index of the
+    first line that is not one, ``len(lines)`` if all are.
+
+    A plain notification is a line :func:`parse` reads on its short path as a
+    notification, other than ``$/cancel_request`` (whose ``requestId`` may need
+    translating): a frame nothing is changed in and no state is kept for, validated as
+    whole as :func:`parse` validates it. Anything else, valid or not, ends the run, so
+    the caller gives that line to :func:`parse`. No :class:`Frame` is made: a run is
+    passed on as it came, by the bytes.
+    """
+    end = start
+    for raw in itertools.islice(lines, start, None):
+        try:
+            text = raw.decode()
+            message, stop = _scan_once(text, 0)
+        except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
+            return end
+        if stop != len(text) or type(message) is not dict or "id" in message:
+            return end
+        method = message.get("method")
+        if type(method) is not str or method == CANCEL_REQUEST:
+            return end
+        if "params" in message and type(message["params"]) not in (dict, list):
+            return end
+        end += 1
+    return end
 
 
 def parse_in_full(raw: bytes) -> Frame:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -53,6 +54,7 @@ from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_STREAM_AFTER,
     JOIN_LIMIT,
+    Item,
     Line,
     LineSplitter,
     LongLineEnd,
@@ -653,7 +655,9 @@ class Bridge:
                     data = await self.client_in.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
-                for item in splitter.feed(data) if data else splitter.close():
+                for item in self._lines(
+                    splitter, data, self.router.pass_notifications_from_client, self._from_client
+                ):
                     if isinstance(item, Line):
                         self._from_client(item.data)
                     elif isinstance(item, OverlongLine):
@@ -728,6 +732,34 @@ class Bridge:
             return None
         await line.end(item.data)
         return None
+
+    def _lines(
+        self,
+        splitter: LineSplitter,
+        data: bytes | bytearray,
+        pass_notifications: Callable[[list[bytes], int], int],
+        receive: Callable[[bytes], None],
+    ) -> list[Item]:
+        """The lines of one read (at the end of the stream, the last one), for the pump to
+        hand on one by one; none if the read took the fast path.
+
+        The fast path, for a read of short lines (the usual read of a busy stream): the
+        router passes each run of plain notifications on as one piece, as the bytes came
+        (``pass_notifications``), and every other line goes to ``receive``, in order.
+        Not while tracing: the trace records frame by frame.
+        """
+        if not data:
+            return splitter.close()
+        lines = None if self._tracing else splitter.feed_short(data)
+        if lines is None:
+            return splitter.feed(data)
+        index, count = 0, len(lines)
+        while index < count:
+            index = pass_notifications(lines, index)
+            if index < count:
+                receive(lines[index])
+                index += 1
+        return []
 
     async def _settle(self) -> None:
         """Before the agent's input is closed, let what the client sent reach it.
@@ -821,6 +853,7 @@ class Bridge:
     ) -> None:
         splitter = self._splitter()
         stream = link.process.stdout
+        from_agent = functools.partial(self._from_agent, link)
         while True:
             data: bytes | bytearray = b""
             # Only the read is cancelled, never a frame half-written to the client.
@@ -834,7 +867,9 @@ class Bridge:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
             read_scope.clear()
-            for item in splitter.feed(data) if data else splitter.close():
+            for item in self._lines(
+                splitter, data, self.router.pass_notifications_from_agent, from_agent
+            ):
                 if isinstance(item, Line):
                     self._from_agent(link, item.data)
                 elif isinstance(item, OverlongLine):

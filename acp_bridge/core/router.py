@@ -47,6 +47,8 @@ log = logging.getLogger("acp_bridge.router")
 CLIENT: Final = -1
 PRIMARY: Final = 0
 
+# Bytes for a peer: one frame, or several joined by newlines (a run of notifications
+# passed as it came), without the final newline.
 Sink: TypeAlias = Callable[[int, bytes], None]
 Route: TypeAlias = Callable[[str, Any], "int | None"]
 
@@ -221,6 +223,21 @@ class Router:
         events: list[Event] = []
         self._dispatch_client(frame, events)
         return events
+
+    def pass_notifications_from_client(self, lines: list[bytes], start: int) -> int:
+        """Pass the run of plain notifications from ``lines[start]`` on to the agent, as
+        one piece; the index of the first line not passed, for :meth:`receive_from_client`.
+
+        The same rule as the first one of :meth:`receive_from_client`: with nothing held
+        and one process, a notification other than ``$/cancel_request`` goes to it as it
+        came (see :func:`jsonrpc.plain_notifications`).
+        """
+        if self.gate.active or len(self.hops) != 1:
+            return start
+        end = jsonrpc.plain_notifications(lines, start)
+        if end > start:
+            self.sink(PRIMARY, b"\n".join(lines[start:end]))
+        return end
 
     def _dispatch_client(self, frame: Frame, events: list[Event]) -> None:
         kind = frame.kind
@@ -592,6 +609,17 @@ class Router:
             message, changed = routed
             self.sink(CLIENT, jsonrpc.encode(message) if changed else frame.raw)
         return events
+
+    def pass_notifications_from_agent(self, lines: list[bytes], start: int) -> int:
+        """Pass the run of plain notifications from ``lines[start]`` on to the client, as
+        one piece; the index of the first line not passed, for :meth:`receive_from_agent`.
+
+        The same rule as the first one of :meth:`receive_from_agent`, for any process.
+        """
+        end = jsonrpc.plain_notifications(lines, start)
+        if end > start:
+            self.sink(CLIENT, b"\n".join(lines[start:end]))
+        return end
 
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
         params = cancelled_request(message)
