@@ -13,6 +13,7 @@ with the fast path as without it.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from functools import partial
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, example, given, settings
@@ -29,8 +29,8 @@ from memory_agent import MemorySpawner
 from test_parse_fast_path import lines as generated_lines
 from test_parse_fast_path import mutated_lines
 
-from acp_bridge import jsonrpc, relay
-from acp_bridge.core.router import CLIENT, PRIMARY, Router
+from acp_bridge import jsonrpc
+from acp_bridge.core.router import CLIENT, PRIMARY, Intercept, Router
 from acp_bridge.framing import SHORT_LIMIT, Line, LineSplitter, OverlongLine
 from acp_bridge.jsonrpc import CANCEL_REQUEST, FrameError, Kind, parse, plain_notifications
 from acp_bridge.lifecycle import Lifecycle
@@ -43,7 +43,7 @@ from acp_bridge.trace import Tracer
 
 def cut(stream: bytes, cuts: Sequence[int]) -> list[bytes]:
     points = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
-    return [stream[a:b] for a, b in zip(points, points[1:])]
+    return [stream[a:b] for a, b in itertools.pairwise(points)]
 
 
 def split_plainly(splitter: LineSplitter, reads: list[bytes]) -> list[Line | OverlongLine]:
@@ -156,12 +156,9 @@ def test_written_notifications_make_one_run(notes: list[tuple[str, Any]]) -> Non
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        written = json.dumps(message, ensure_ascii=index % 2 == 0)
-        lines.append(
-            written.replace(", ", ",").encode("utf-8", "surrogatepass")
-            if index % 3
-            else written.encode("utf-8", "surrogatepass")
-        )
+        compact = (",", ":") if index % 3 else None
+        written = json.dumps(message, ensure_ascii=index % 2 == 0, separators=compact)
+        lines.append(written.encode("utf-8", "surrogatepass"))
     first_other = next((i for i, raw in enumerate(lines) if not is_plain(raw)), len(lines))
     assert plain_notifications(lines) == first_other
 
@@ -195,18 +192,25 @@ def test_nothing_passes_from_the_client_while_frames_are_held_or_several_process
     router, written = recording_router()
     initialize = parse(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}')
     (intercept,) = router.receive_from_client(initialize)
+    assert isinstance(intercept, Intercept)
     assert router.pass_notifications_from_client([NOTE], 0) == 0  # held behind initialize
-    router.forward(intercept.token, PRIMARY)  # type: ignore[union-attr]
-    router.answer(intercept.token, b'{"jsonrpc":"2.0","id":0,"result":{}}')  # type: ignore[union-attr]
+    router.forward(intercept.token, PRIMARY)
+    router.answer(intercept.token, b'{"jsonrpc":"2.0","id":0,"result":{}}')
     assert router.pass_notifications_from_client([NOTE], 0) == 1
+    assert written[-1] == (PRIMARY, NOTE)
     router.add_hop()
     assert router.pass_notifications_from_client([NOTE], 0) == 0  # the adapter routes
     assert router.pass_notifications_from_agent([NOTE], 0) == 1
+    assert written[-1] == (CLIENT, NOTE)
 
 
 # ------------------------------------------------------------------ the runtime
 
 INITIALIZE = b'{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":1}}\n'
+# Intercepted, as every initialize is: the client's frames after it wait for its answer.
+SECOND_INITIALIZE = (
+    b'{"jsonrpc":"2.0","id":"i2","method":"initialize","params":{"protocolVersion":1}}'
+)
 
 CLIENT_LINES = [
     NOTE,
@@ -215,6 +219,8 @@ CLIENT_LINES = [
     b'{ "jsonrpc" : "2.0" ,\t"method" : "spaced" }',
     b'{"jsonrpc":"2.0",\r"method":"cr inside"}',
     b'{"jsonrpc":"2.0","method":"trailing space"} ',
+    b'{"jsonrpc":"2.0","method":"two values"}{"x":1}',
+    b'{"jsonrpc":"2.0","method":"and more"} x',
     b' {"jsonrpc":"2.0","method":"leading space"}',
     b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"e1"}}',
     b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{}}',
@@ -223,7 +229,7 @@ CLIENT_LINES = [
     b'{"jsonrpc":"2.0","id":"nobody","result":{}}',
     b'[{"jsonrpc":"2.0","method":"in a batch"},{"jsonrpc":"2.0","id":"b1","method":"_test/echo"}]',
     b'[{"jsonrpc":"2.0","method":"in a batch"},7]',
-    b'{"jsonrpc":"2.0","id":"i2","method":"initialize","params":{"protocolVersion":1}}',
+    SECOND_INITIALIZE,
     b'{"jsonrpc":"2.0","method":}',
     b"not json",
     b'{"jsonrpc":"2.0","method":"m","params":3}',
@@ -235,7 +241,8 @@ CLIENT_LINES = [
 
 AGENT_LINES = [
     NOTE,
-    b'{"jsonrpc":"2.0","method":"session/update","params":{"text":"\xf0\x9d\x84\x9e \\ud834\\udd1e"}}',
+    b'{"jsonrpc":"2.0","method":"session/update",'
+    b'"params":{"text":"\xf0\x9d\x84\x9e \\ud834\\udd1e"}}',
     b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"a1"}}',
     b'{"jsonrpc":"2.0","id":"a1","method":"fs/read_text_file","params":{"path":"/x"}}',
     b'{"jsonrpc":"2.0","id":99,"result":{"late":true}}',
@@ -321,11 +328,12 @@ def streams(draw: st.DrawFn, pool: list[bytes]) -> list[bytes]:
     return cut(stream, draw(st.lists(st.integers(min_value=0), max_size=8)))
 
 
-RUNTIME = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RUNTIME = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @RUNTIME
 @given(streams(CLIENT_LINES))
+@example([b"\n".join([NOTE, SECOND_INITIALIZE, NOTE, b"{", NOTE, b""])])
 def test_client_reads_reach_the_agent_as_they_do_line_by_line(reads: list[bytes]) -> None:
     assert relayed(reads, [], fast=True) == relayed(reads, [], fast=False)
 
@@ -341,9 +349,18 @@ def test_a_mixed_read_keeps_order_and_bytes() -> None:
     invalid line, a batch and ``\\r\\n`` lines."""
     echo = b'{"jsonrpc":"2.0","id":"e1","method":"_test/echo","params":{"n":1}}'
     batch = b'[{"jsonrpc":"2.0","method":"in a batch"}]'
-    initialize = b'{"jsonrpc":"2.0","id":"i2","method":"initialize","params":{"protocolVersion":1}}'
     client_read = b"\n".join(
-        [NOTE, initialize, OTHER_NOTE + b"\r", b"not json", echo, batch, NOTE + b"\r", NOTE, b""]
+        [
+            NOTE,
+            SECOND_INITIALIZE,
+            OTHER_NOTE + b"\r",
+            b"not json",
+            echo,
+            batch,
+            NOTE + b"\r",
+            NOTE,
+            b"",
+        ]
     )
     agent_request = b'{"jsonrpc":"2.0","id":"a1","method":"fs/read_text_file","params":{}}'
     agent_read = b"\n".join([NOTE + b"\r", agent_request, b"{", NOTE, batch, NOTE, b""])
@@ -351,7 +368,16 @@ def test_a_mixed_read_keeps_order_and_bytes() -> None:
         agent_got, client_got = relayed([client_read], [agent_read], fast=fast)
         # The notification before initialize passes at once; the frames after it wait for
         # its answer, in order.
-        assert agent_got == [INITIALIZE[:-1], NOTE, initialize, OTHER_NOTE, echo, batch, NOTE, NOTE]
+        assert agent_got == [
+            INITIALIZE[:-1],
+            NOTE,
+            SECOND_INITIALIZE,
+            OTHER_NOTE,
+            echo,
+            batch,
+            NOTE,
+            NOTE,
+        ]
         answers = client_got.splitlines()
         assert answers[0].startswith(b'{"jsonrpc":"2.0","id":"init","result":')
         # The bridge answers the invalid line at once; it waits for nothing.
@@ -364,7 +390,7 @@ def test_a_mixed_read_keeps_order_and_bytes() -> None:
 def test_a_flood_of_notifications_is_not_parsed_frame_by_frame() -> None:
     """The fast path is taken: plain notifications never reach ``jsonrpc.parse``."""
     reads = [b"".join(line + b"\n" for line in [NOTE, OTHER_NOTE] * 300)]
-    with mock.patch.object(relay.jsonrpc, "parse", wraps=jsonrpc.parse) as counted:
+    with mock.patch.object(jsonrpc, "parse", wraps=jsonrpc.parse) as counted:
         agent_got, client_got = relayed(reads, reads, fast=True)
     assert counted.call_count == 2  # initialize and its answer
     assert agent_got[1:] == [NOTE, OTHER_NOTE] * 300
