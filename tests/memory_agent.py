@@ -99,12 +99,8 @@ class MemoryAgent:
             await self._output.send_all(data)
 
     async def send_raw(self, line: bytes) -> None:
-        await self.send_bytes(line + b"\n")
-
-    async def send_bytes(self, data: bytes) -> None:
-        """Write bytes as they are: part of a line, or several lines."""
         async with self._writing:
-            await self._output.send_all(data)
+            await self._output.send_all(line + b"\n")
 
     async def _answer(self, request_id: Any, result: Any) -> None:
         await self.send({"jsonrpc": "2.0", "id": request_id, "result": result})

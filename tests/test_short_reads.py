@@ -31,7 +31,7 @@ from test_parse_fast_path import mutated_lines
 
 from acp_bridge import jsonrpc
 from acp_bridge.core.router import CLIENT, PRIMARY, Intercept, Router
-from acp_bridge.framing import SHORT_LIMIT, Line, LineSplitter, OverlongLine
+from acp_bridge.framing import Item, Line, LineSplitter, LongLineStart, OverlongLine
 from acp_bridge.jsonrpc import CANCEL_REQUEST, FrameError, Kind, parse, plain_notifications
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.relay import Bridge, BridgeOptions
@@ -46,16 +46,16 @@ def cut(stream: bytes, cuts: Sequence[int]) -> list[bytes]:
     return [stream[a:b] for a, b in itertools.pairwise(points)]
 
 
-def split_plainly(splitter: LineSplitter, reads: list[bytes]) -> list[Line | OverlongLine]:
-    out: list[Line | OverlongLine] = []
+def split_plainly(splitter: LineSplitter, reads: list[bytes]) -> list[Item]:
+    out: list[Item] = []
     for data in reads:
         out += splitter.feed(data)
     return out + splitter.close()
 
 
-def split_fast(splitter: LineSplitter, reads: list[bytes]) -> tuple[list[Line | OverlongLine], int]:
+def split_fast(splitter: LineSplitter, reads: list[bytes]) -> tuple[list[Item], int]:
     """As the pumps split: ``feed_short`` where it takes the read, else ``feed``."""
-    out: list[Line | OverlongLine] = []
+    out: list[Item] = []
     taken = 0
     for data in reads:
         lines = splitter.feed_short(data)
@@ -79,14 +79,20 @@ TERMINATORS = st.sampled_from([b"\n", b"\n", b"\r\n", b"\r\r\n"])
     st.binary(max_size=30),
     st.lists(st.integers(min_value=0), max_size=12),
     st.sampled_from([1, 8, 24, 41, 64, 1000]),
+    st.sampled_from([None, None, 4, 16, 30]),
 )
-def test_feed_short_gives_the_lines_feed_gives_whatever_the_reads(
-    lines: list[tuple[list[bytes], bytes]], tail: bytes, cuts: list[int], limit: int
+def test_feed_short_gives_the_items_feed_gives_whatever_the_reads(
+    lines: list[tuple[list[bytes], bytes]],
+    tail: bytes,
+    cuts: list[int],
+    limit: int,
+    stream_after: int | None,
 ) -> None:
+    """The same lines, over-long lines and pieces of long lines passed on as they come."""
     stream = b"".join(b"".join(pieces) + end for pieces, end in lines) + tail
     reads = cut(stream, cuts)
-    fast, _ = split_fast(LineSplitter(limit), reads)
-    assert fast == split_plainly(LineSplitter(limit), reads)
+    fast, _ = split_fast(LineSplitter(limit, stream_after), reads)
+    assert fast == split_plainly(LineSplitter(limit, stream_after), reads)
 
 
 def test_feed_short_takes_the_reads_of_a_busy_stream() -> None:
@@ -104,10 +110,11 @@ def test_feed_short_leaves_a_long_or_over_long_line_to_feed() -> None:
     assert splitter.feed(b"0123456789abc") == []  # now dropping an over-long line
     assert splitter.feed_short(b"\n") is None
     assert splitter.feed(b"\nok\n") == [OverlongLine(13), Line(b"ok")]
-    big = LineSplitter()
-    assert big.feed_short(b"x" * SHORT_LIMIT) == []
-    assert big.feed_short(b"\n") is None  # the held line is no longer short
-    assert big.feed(b"\n") == [Line(b"x" * SHORT_LIMIT)]
+    streaming = LineSplitter(stream_after=100)
+    assert streaming.feed_short(b"a\n" + b"x" * 99) == [b"a"]
+    assert streaming.feed_short(b"x") is None  # would make the unfinished line long
+    assert streaming.feed(b"x") == [LongLineStart(b"x" * 100)]
+    assert streaming.feed_short(b"y\n") is None  # the long line is being passed on
 
 
 # ------------------------------------------------------- runs of notifications
