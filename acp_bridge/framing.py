@@ -180,8 +180,7 @@ class LineSplitter:
         than some frames take to relay), in order. None, having taken nothing, when the
         read needs :meth:`feed`: a long line is in progress (passed on, held, or dropped
         as over-long), the line held from earlier reads and this read together exceed the
-        line limit, or the read leaves a line unfinished that :meth:`feed` would offer as a
-        :class:`LongLineStart`.
+        line limit, or the read completes or begins a line of ``stream_after`` bytes or more.
         """
         if (
             self._passing
@@ -190,12 +189,18 @@ class LineSplitter:
             or len(self._buffer) + len(data) > self.limit
         ):
             return None
-        last = data.rfind(b"\n")
-        unfinished = len(self._buffer) + len(data) if last < 0 else len(data) - last - 1
-        if self.stream_after is not None and unfinished >= self.stream_after:
-            return None
         lines = bytes(data).split(b"\n")
         tail = lines.pop()  # after the last newline: the start of the next line
+        stream_after = self.stream_after
+        if stream_after is not None and len(self._buffer) + len(data) >= stream_after:
+            # A line this long is feed()'s: unfinished, it is offered to be passed on as it
+            # comes; whole, the runtime validates it without building its value.
+            unfinished = len(tail) if lines else len(self._buffer) + len(tail)
+            first = len(self._buffer) + len(lines[0]) if lines else 0
+            if unfinished >= stream_after or first >= stream_after:
+                return None
+            if len(lines) > 1 and max(map(len, lines)) >= stream_after:
+                return None
         if lines and self._buffer:
             # The line held from earlier reads ends here.
             self._buffer += lines[0]

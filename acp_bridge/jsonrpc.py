@@ -158,6 +158,13 @@ def parse(raw: bytes) -> Frame:
         return parse_in_full(raw)
     if (end != len(text) and text[end:].strip(_TRAILING_WHITESPACE)) or type(message) is not dict:
         return parse_in_full(raw)
+    frame = _classify_short(raw, message)
+    return frame if frame is not None else parse_in_full(raw)
+
+
+def _classify_short(raw: bytes, message: JsonObject) -> Frame | None:
+    """The short path's classification of a line json's scanner read as one object: its
+    frame, or None when only :func:`parse_in_full` can tell (and word the error)."""
     method = message.get("method")
     if type(method) is str:
         params_ok = "params" not in message or type(message["params"]) in (dict, list)
@@ -171,19 +178,19 @@ def parse(raw: bytes) -> Frame:
         request_id = message["id"]
         if request_id is None or type(request_id) in (str, int):
             return Frame(raw, message, Kind.RESPONSE)
-    return parse_in_full(raw)
+    return None
 
 
-def plain_notifications(lines: list[bytes], start: int = 0) -> int:
+def plain_notifications(lines: list[bytes], start: int = 0) -> tuple[int, Frame | None]:
     """How far the lines from ``lines[start]`` on are plain notifications: the index of the
-    first line that is not one, ``len(lines)`` if all are.
+    first line that is not one (``len(lines)`` if all are), and that line as
+    :func:`parse` reads it when its short path can (None: give the line to :func:`parse`).
 
     A plain notification is a line :func:`parse` reads on its short path as a
     notification, other than ``$/cancel_request`` (whose ``requestId`` may need
     translating): a frame nothing is changed in and no state is kept for, validated as
-    whole as :func:`parse` validates it. Anything else, valid or not, ends the run, so
-    the caller gives that line to :func:`parse`. No :class:`Frame` is made: a run is
-    passed on as it came, by the bytes.
+    whole as :func:`parse` validates it. No :class:`Frame` is made for it: a run is passed
+    on as it came, by the bytes. The line after the run is read only once, here.
     """
     end = start
     for raw in itertools.islice(lines, start, None):
@@ -191,16 +198,19 @@ def plain_notifications(lines: list[bytes], start: int = 0) -> int:
             text = raw.decode()
             message, stop = _scan_once(text, 0)
         except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
-            return end
-        if stop != len(text) or type(message) is not dict or "id" in message:
-            return end
+            return end, None
+        if stop != len(text) or type(message) is not dict:
+            return end, None
         method = message.get("method")
-        if type(method) is not str or method == CANCEL_REQUEST:
-            return end
-        if "params" in message and type(message["params"]) not in (dict, list):
-            return end
+        if (
+            type(method) is not str
+            or method == CANCEL_REQUEST
+            or "id" in message
+            or ("params" in message and type(message["params"]) not in (dict, list))
+        ):
+            return end, _classify_short(raw, message)
         end += 1
-    return end
+    return end, None
 
 
 def parse_in_full(raw: bytes) -> Frame:

@@ -656,7 +656,11 @@ class Bridge:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
                 for item in self._lines(
-                    splitter, data, self.router.pass_notifications_from_client, self._from_client
+                    splitter,
+                    data,
+                    self.router.pass_notifications_from_client,
+                    self._from_client,
+                    self._client_frame,
                 ):
                     if isinstance(item, Line):
                         self._from_client(item.data)
@@ -737,16 +741,18 @@ class Bridge:
         self,
         splitter: LineSplitter,
         data: bytes | bytearray,
-        pass_notifications: Callable[[list[bytes], int], int],
-        receive: Callable[[bytes], None],
+        pass_notifications: Callable[[list[bytes], int], tuple[int, Frame | None]],
+        receive_line: Callable[[bytes], None],
+        receive_frame: Callable[[Frame], None],
     ) -> list[Item]:
         """The lines of one read (at the end of the stream, the last one), for the pump to
         hand on one by one; none if the read took the fast path.
 
         The fast path, for a read of short lines (the usual read of a busy stream): the
         router passes each run of plain notifications on as one piece, as the bytes came
-        (``pass_notifications``), and every other line goes to ``receive``, in order.
-        Not while tracing: the trace records frame by frame.
+        (``pass_notifications``); the line after a run goes to ``receive_frame`` if reading
+        the run parsed it, else to ``receive_line``, in order. Not while tracing: the trace
+        records frame by frame.
         """
         if not data:
             return splitter.close()
@@ -755,11 +761,19 @@ class Bridge:
             return splitter.feed(data)
         index, count = 0, len(lines)
         while index < count:
-            index = pass_notifications(lines, index)
+            index, frame = pass_notifications(lines, index)
             if index < count:
-                receive(lines[index])
+                if frame is None:
+                    receive_line(lines[index])
+                else:
+                    receive_frame(frame)
                 index += 1
         return []
+
+    def _client_frame(self, frame: Frame) -> None:
+        events = self.router.receive_from_client(frame)
+        if events:
+            self.handle(events)
 
     async def _settle(self) -> None:
         """Before the agent's input is closed, let what the client sent reach it.
@@ -854,6 +868,7 @@ class Bridge:
         splitter = self._splitter()
         stream = link.process.stdout
         from_agent = functools.partial(self._from_agent, link)
+        agent_frame = functools.partial(self._agent_frame, link)
         while True:
             data: bytes | bytearray = b""
             # Only the read is cancelled, never a frame half-written to the client.
@@ -868,7 +883,11 @@ class Bridge:
                     data = b""
             read_scope.clear()
             for item in self._lines(
-                splitter, data, self.router.pass_notifications_from_agent, from_agent
+                splitter,
+                data,
+                self.router.pass_notifications_from_agent,
+                from_agent,
+                agent_frame,
             ):
                 if isinstance(item, Line):
                     self._from_agent(link, item.data)
@@ -936,6 +955,11 @@ class Bridge:
             return
         long_line.clear()
         await line.end(item.data)
+
+    def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
+        events = self.router.receive_from_agent(link.hop, frame)
+        if events:
+            self.handle(events)
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
         envelope = self._whole_long_line(raw)

@@ -178,9 +178,9 @@ def pipeline(seconds: float) -> None:
         assert lines is not None
         index = 0
         while index < len(lines):
-            index = router.pass_notifications_from_agent(lines, index)
+            index, frame = router.pass_notifications_from_agent(lines, index)
             if index < len(lines):
-                router.receive_from_agent(0, jsonrpc.parse(lines[index]))
+                router.receive_from_agent(0, frame or jsonrpc.parse(lines[index]))
                 index += 1
 
     print(f"inner loop over a 64 KiB read of {frames} agent_message_chunk lines, no I/O:")

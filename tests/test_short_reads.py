@@ -110,6 +110,13 @@ def test_feed_short_leaves_a_long_or_over_long_line_to_feed() -> None:
     assert splitter.feed(b"0123456789abc") == []  # now dropping an over-long line
     assert splitter.feed_short(b"\n") is None
     assert splitter.feed(b"\nok\n") == [OverlongLine(13), Line(b"ok")]
+    # A whole line that long is left to feed() too: the runtime reads it without building
+    # its value.
+    whole = LineSplitter(stream_after=100)
+    assert whole.feed_short(b"a\n" + b"x" * 100 + b"\nb\n") is None
+    assert whole.feed_short(b"x" * 60) == []
+    assert whole.feed_short(b"x" * 40 + b"\nb\n") is None  # the held line ends at 100
+    assert whole.feed(b"x" * 40 + b"\nb\n") == [Line(b"x" * 100), Line(b"b")]
     streaming = LineSplitter(stream_after=100)
     assert streaming.feed_short(b"a\n" + b"x" * 99) == [b"a"]
     assert streaming.feed_short(b"x") is None  # would make the unfinished line long
@@ -140,11 +147,17 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 def test_a_run_holds_only_lines_parse_reads_as_plain_notifications(
     lines: list[bytes], start: int
 ) -> None:
+    """And the line after the run, when it comes parsed, is what parse makes of it."""
     start = min(start, len(lines))
-    end = plain_notifications(lines, start)
+    end, frame = plain_notifications(lines, start)
     assert start <= end <= len(lines)
     for raw in lines[start:end]:
         assert is_plain(raw), raw
+    if frame is not None:
+        assert end < len(lines)
+        assert frame.raw is lines[end]
+        assert frame == parse(lines[end]) and frame.kind is parse(lines[end]).kind
+        assert not is_plain(lines[end])
 
 
 NOTIFICATION_PARAMS = st.one_of(
@@ -167,7 +180,7 @@ def test_written_notifications_make_one_run(notes: list[tuple[str, Any]]) -> Non
         written = json.dumps(message, ensure_ascii=index % 2 == 0, separators=compact)
         lines.append(written.encode("utf-8", "surrogatepass"))
     first_other = next((i for i, raw in enumerate(lines) if not is_plain(raw)), len(lines))
-    assert plain_notifications(lines) == first_other
+    assert plain_notifications(lines)[0] == first_other
 
 
 # ------------------------------------------------------------------ the router
@@ -186,13 +199,15 @@ def recording_router() -> tuple[Router, list[tuple[int, bytes]]]:
 def test_a_run_goes_to_its_peer_as_one_piece_of_the_bytes_as_they_came() -> None:
     router, written = recording_router()
     lines = [NOTE, OTHER_NOTE, REQUEST, NOTE]
-    assert router.pass_notifications_from_client(lines, 0) == 2
+    assert router.pass_notifications_from_client(lines, 0) == (2, parse(REQUEST))
     assert written == [(PRIMARY, NOTE + b"\n" + OTHER_NOTE)]
-    assert router.pass_notifications_from_client(lines, 2) == 2  # a request ends the run
+    assert router.pass_notifications_from_client(lines, 2) == (2, parse(REQUEST))
+    assert router.pass_notifications_from_client(lines, 3) == (4, None)
     written.clear()
-    assert router.pass_notifications_from_agent([NOTE, CANCEL, NOTE], 0) == 1
-    assert router.pass_notifications_from_agent([NOTE, CANCEL, NOTE], 2) == 3
-    assert written == [(CLIENT, NOTE), (CLIENT, NOTE)]
+    assert router.pass_notifications_from_agent([NOTE, CANCEL, NOTE], 0) == (1, parse(CANCEL))
+    assert router.pass_notifications_from_agent([NOTE, b"{", NOTE], 0) == (1, None)
+    assert router.pass_notifications_from_agent([NOTE, CANCEL, NOTE], 2) == (3, None)
+    assert written == [(CLIENT, NOTE), (CLIENT, NOTE), (CLIENT, NOTE)]
 
 
 def test_nothing_passes_from_the_client_while_frames_are_held_or_several_processes_run() -> None:
@@ -200,14 +215,14 @@ def test_nothing_passes_from_the_client_while_frames_are_held_or_several_process
     initialize = parse(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}')
     (intercept,) = router.receive_from_client(initialize)
     assert isinstance(intercept, Intercept)
-    assert router.pass_notifications_from_client([NOTE], 0) == 0  # held behind initialize
+    assert router.pass_notifications_from_client([NOTE], 0) == (0, None)  # held
     router.forward(intercept.token, PRIMARY)
     router.answer(intercept.token, b'{"jsonrpc":"2.0","id":0,"result":{}}')
-    assert router.pass_notifications_from_client([NOTE], 0) == 1
+    assert router.pass_notifications_from_client([NOTE], 0) == (1, None)
     assert written[-1] == (PRIMARY, NOTE)
     router.add_hop()
-    assert router.pass_notifications_from_client([NOTE], 0) == 0  # the adapter routes
-    assert router.pass_notifications_from_agent([NOTE], 0) == 1
+    assert router.pass_notifications_from_client([NOTE], 0) == (0, None)  # the adapter routes
+    assert router.pass_notifications_from_agent([NOTE], 0) == (1, None)
     assert written[-1] == (CLIENT, NOTE)
 
 
@@ -394,14 +409,19 @@ def test_a_mixed_read_keeps_order_and_bytes() -> None:
         assert answers[4:] == [NOTE, agent_request, NOTE, batch, NOTE]
 
 
-def test_a_flood_of_notifications_is_not_parsed_frame_by_frame() -> None:
-    """The fast path is taken: plain notifications never reach ``jsonrpc.parse``."""
+def test_a_flood_of_notifications_is_read_once_and_makes_no_frames() -> None:
+    """The fast path is taken: each line is scanned once, and only the two that are not
+    plain notifications (initialize and its answer) become frames."""
     reads = [b"".join(line + b"\n" for line in [NOTE, OTHER_NOTE] * 300)]
-    with mock.patch.object(jsonrpc, "parse", wraps=jsonrpc.parse) as counted:
+    with (
+        mock.patch.object(jsonrpc, "_scan_once", wraps=jsonrpc._scan_once) as scans,
+        mock.patch.object(jsonrpc, "_classify_short", wraps=jsonrpc._classify_short) as frames,
+    ):
         agent_got, client_got = relayed(reads, reads, fast=True)
-    assert counted.call_count == 2  # initialize and its answer
     assert agent_got[1:] == [NOTE, OTHER_NOTE] * 300
     assert client_got.splitlines()[1:] == [NOTE, OTHER_NOTE] * 300
+    assert scans.call_count == 2 + 2 * 600
+    assert frames.call_count == 2
 
 
 def test_a_traced_flood_is_traced_frame_by_frame(tmp_path: Path) -> None:

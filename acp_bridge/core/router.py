@@ -224,20 +224,24 @@ class Router:
         self._dispatch_client(frame, events)
         return events
 
-    def pass_notifications_from_client(self, lines: list[bytes], start: int) -> int:
+    def pass_notifications_from_client(
+        self, lines: list[bytes], start: int
+    ) -> tuple[int, Frame | None]:
         """Pass the run of plain notifications from ``lines[start]`` on to the agent, as
-        one piece; the index of the first line not passed, for :meth:`receive_from_client`.
+        one piece. The index of the first line not passed, for
+        :meth:`receive_from_client`, with its frame if reading the run parsed it (see
+        :func:`jsonrpc.plain_notifications`).
 
         The same rule as the first one of :meth:`receive_from_client`: with nothing held
         and one process, a notification other than ``$/cancel_request`` goes to it as it
-        came (see :func:`jsonrpc.plain_notifications`).
+        came.
         """
         if self.gate.active or len(self.hops) != 1:
-            return start
-        end = jsonrpc.plain_notifications(lines, start)
+            return start, None
+        end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
             self.sink(PRIMARY, b"\n".join(lines[start:end]))
-        return end
+        return end, frame
 
     def _dispatch_client(self, frame: Frame, events: list[Event]) -> None:
         kind = frame.kind
@@ -610,16 +614,19 @@ class Router:
             self.sink(CLIENT, jsonrpc.encode(message) if changed else frame.raw)
         return events
 
-    def pass_notifications_from_agent(self, lines: list[bytes], start: int) -> int:
+    def pass_notifications_from_agent(
+        self, lines: list[bytes], start: int
+    ) -> tuple[int, Frame | None]:
         """Pass the run of plain notifications from ``lines[start]`` on to the client, as
-        one piece; the index of the first line not passed, for :meth:`receive_from_agent`.
+        one piece; the index of the first line not passed, for :meth:`receive_from_agent`,
+        with its frame if reading the run parsed it.
 
         The same rule as the first one of :meth:`receive_from_agent`, for any process.
         """
-        end = jsonrpc.plain_notifications(lines, start)
+        end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
             self.sink(CLIENT, b"\n".join(lines[start:end]))
-        return end
+        return end, frame
 
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
         params = cancelled_request(message)
