@@ -189,18 +189,23 @@ class LineSplitter:
             or len(self._buffer) + len(data) > self.limit
         ):
             return None
+        # A line of stream_after bytes is feed()'s: unfinished, it is offered to be passed
+        # on as it comes; whole, the runtime validates it without building its value.
+        long = self.stream_after
+        if long is not None and len(self._buffer) + len(data) < long:
+            long = None  # no line of this read can be that long
+        if long is not None:
+            # The first and the unfinished line are measured before splitting, so that a
+            # read in the middle of a long line is not split twice.
+            first = data.find(b"\n")
+            if first < 0 or len(self._buffer) + first >= long:
+                return None
+            if len(data) - data.rfind(b"\n") - 1 >= long:
+                return None
         lines = bytes(data).split(b"\n")
         tail = lines.pop()  # after the last newline: the start of the next line
-        stream_after = self.stream_after
-        if stream_after is not None and len(self._buffer) + len(data) >= stream_after:
-            # A line this long is feed()'s: unfinished, it is offered to be passed on as it
-            # comes; whole, the runtime validates it without building its value.
-            unfinished = len(tail) if lines else len(self._buffer) + len(tail)
-            first = len(self._buffer) + len(lines[0]) if lines else 0
-            if unfinished >= stream_after or first >= stream_after:
-                return None
-            if len(lines) > 1 and max(map(len, lines)) >= stream_after:
-                return None
+        if long is not None and max(map(len, lines), default=0) >= long:
+            return None
         if lines and self._buffer:
             # The line held from earlier reads ends here.
             self._buffer += lines[0]
