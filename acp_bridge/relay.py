@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -385,6 +386,11 @@ class Bridge:
         self.client_in = client_in
         self.tracer = tracer or Tracer(None)
         self._tracing = self.tracer.enabled
+        # Lines this long take the validator instead of json's decoder (none while tracing:
+        # the trace records decoded frames).
+        self._long_after = options.stream_after or sys.maxsize
+        if self._tracing:
+            self._long_after = sys.maxsize
         self.client_outbox = Outbox(client_out)
         self.client_gone = False
         self.lifecycle = lifecycle
@@ -789,11 +795,11 @@ class Bridge:
                 with contextlib.suppress(*WRITE_FAILED):
                     await link.outbox.settle()
 
-    def _whole_long_line(self, raw: bytes) -> Envelope | None:
-        """A long line that arrived in one piece, judged by the validator (which does not
-        build its value): its envelope, or None to parse it the usual way."""
-        if not self.options.stream_after or len(raw) < self.options.stream_after or self._tracing:
-            return None
+    @staticmethod
+    def _whole_long_line(raw: bytes) -> Envelope | None:
+        """A long line that arrived in one piece (see ``_long_after``), judged by the
+        validator, which does not build its value: its envelope, or None to parse it the
+        usual way."""
         validator = LineValidator()
         try:
             validator.feed(raw)
@@ -802,7 +808,7 @@ class Bridge:
             return None  # the usual way says why
 
     def _from_client(self, raw: bytes) -> None:
-        envelope = self._whole_long_line(raw)
+        envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
         if envelope is not None:
             hop = self.router.pass_whole_from_client(envelope)
             if hop is not None:
@@ -962,7 +968,7 @@ class Bridge:
             self.handle(events)
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
-        envelope = self._whole_long_line(raw)
+        envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
         if envelope is not None and self.router.pass_whole_from_agent(link.hop, envelope):
             self._sink(CLIENT, raw)
             return
