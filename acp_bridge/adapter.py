@@ -14,11 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 from acp_bridge.core.router import describe_exit
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
-from acp_bridge.system_prompt import SystemPrompt
+
+if TYPE_CHECKING:
+    # Only named here: the bridge answers ``initialize`` before the validation models
+    # (pydantic) are loaded, and choosing an adapter must not load them.
+    from acp_bridge.system_prompt import SystemPrompt
 
 
 @dataclass(frozen=True)

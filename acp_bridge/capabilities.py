@@ -2,15 +2,21 @@
 
 Sans-IO: takes the agent's result and returns the result the client gets. Every key the
 agent sent is kept; only ``systemPrompt`` and the bridge's ``_meta`` entry are added.
+:func:`initialize_answer` is the one place that turns an adapter's delivery into that
+answer: the runtime and the early exchange (:mod:`acp_bridge.early_initialize`) both use it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import TYPE_CHECKING, Any
 
 from acp_bridge import __version__
 from acp_bridge.adapter import Delivery
 from acp_bridge.jsonrpc import JsonObject
+
+if TYPE_CHECKING:
+    from acp_bridge.adapter import Adapter
 
 BRIDGE_META_KEY = "acp-bridge"
 
@@ -73,3 +79,18 @@ def advertise(
         # The bridge intercepts the field, so it must not promise what it cannot deliver.
         caps[session_key] = {k: v for k, v in session.items() if k != "systemPrompt"}
     return {**initialize_result, caps_key: caps}
+
+
+def initialize_answer(
+    adapter: Adapter, initialize_result: JsonObject, *, allow_override: bool
+) -> tuple[Delivery | None, JsonObject | None]:
+    """The delivery (after the ``allow_override`` policy) and the result the client gets
+    for the agent's ``initialize`` result; ``None`` for the result: the agent's answer
+    passes unchanged (nothing can be delivered, so nothing is advertised)."""
+    delivery = adapter.delivery(initialize_result)
+    if delivery is None:
+        return None, None
+    if not allow_override:
+        delivery = Delivery(append=delivery.append, override=False)
+    adjusted = adapter.adjust_capabilities(copy.deepcopy(initialize_result))
+    return delivery, advertise(adjusted, delivery, adapter=adapter.name)

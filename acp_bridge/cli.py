@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 import trio
 
-from acp_bridge import __version__
+from acp_bridge import __version__, launch
 from acp_bridge.agent_process import AgentProcess, AgentStartError, widen_pipe
 
 if TYPE_CHECKING:
+    from acp_bridge.handover import Replay
     from acp_bridge.registry import AdapterRegistry
     from acp_bridge.relay import AgentHandle, BridgeOptions
     from acp_bridge.settings import Config
@@ -146,12 +147,12 @@ def _common_options(func: Any) -> Any:
         click.option("--no-override", is_flag=True, default=None, help="Never offer override."),
         click.option(
             "--on-omitted",
-            type=click.Choice(["keep", "default"]),
+            type=click.Choice(launch.ON_OMITTED),
             help="What an omitted systemPrompt on load/resume/fork means.",
         ),
         click.option(
             "--log-level",
-            type=click.Choice(["debug", "info", "warning", "error"]),
+            type=click.Choice(launch.LOG_LEVELS),
             help="stderr log level.",
         ),
     ]
@@ -253,17 +254,21 @@ async def run_stdio(
     tracer: Tracer,
     acp_fd: int | None = None,
     started: AgentHandle | None = None,
+    replay: Replay | None = None,
 ) -> int:
-    """Relay stdio to the agent; ``started``: its process, if it was started already."""
+    """Relay stdio to the agent; ``started``: its process, if it was started already;
+    ``replay``: the initialize exchange done before the bridge loaded, if any."""
     from acp_bridge.lifecycle import Lifecycle
     from acp_bridge.relay import Bridge
 
     if acp_fd is None:
         acp_fd = claim_stdout()
-    client_in = trio.lowlevel.FdStream(os.dup(0))
-    client_out = trio.lowlevel.FdStream(acp_fd)
+    client_in: trio.abc.ReceiveStream = trio.lowlevel.FdStream(os.dup(0))
+    client_out: trio.abc.SendStream = trio.lowlevel.FdStream(acp_fd)
     widen_pipe(0)
     widen_pipe(acp_fd)
+    if replay is not None:
+        client_in, client_out = replay.client(client_in, client_out)
     store = open_store(runtime.state)
     try:
         lifecycle = Lifecycle.for_command(store, runtime.options.agent_argv)
@@ -295,16 +300,24 @@ async def run_stdio_started_first(
     How ``-- AGENT_CMD`` is started depends on nothing in the configuration (its
     environment is the bridge's own), so the agent starts before the configuration, the
     adapters and the validation models are loaded. Should the configuration then ask for
-    something else, or be wrong, the process is stopped again. (With ``--adapter``, a
-    mistyped name is caught before anything starts: that path does not come here.)
+    something else, or be wrong, the process is stopped again. (With ``--adapter``, this
+    path is taken only for a built-in adapter, whose name launch.py has checked.)
+
+    If the client's ``initialize`` was answered before the bridge loaded
+    (:mod:`acp_bridge.early_initialize`), the bridge replays that exchange
+    (:mod:`acp_bridge.handover`).
     """
-    from acp_bridge import launch
+    from acp_bridge.handover import Replay
 
     started: AgentProcess | None
     early = launch.take(agent_cmd)
+    exchange = launch.take_exchange()
+    replay = Replay(exchange) if exchange is not None and early is not None else None
     try:
         if early is not None:
             started = AgentProcess.adopt(early, list(agent_cmd))
+            if replay is not None:
+                replay.agent(started)
         else:
             started = await AgentProcess.start(list(agent_cmd))
     except AgentStartError:
@@ -317,13 +330,15 @@ async def run_stdio_started_first(
             with trio.CancelScope(shield=True):
                 await started.stop(0.5)
         raise
-    if started is not None and (
-        list(runtime.options.agent_argv) != list(agent_cmd) or runtime.options.agent_env
+    if (
+        started is not None
+        and replay is None  # it has talked to the client already: it stays
+        and (list(runtime.options.agent_argv) != list(agent_cmd) or runtime.options.agent_env)
     ):
         await started.stop(runtime.options.shutdown_grace)
         started = None
     try:
-        return await run_stdio(runtime, tracer, acp_fd, started)
+        return await run_stdio(runtime, tracer, acp_fd, started, replay)
     finally:
         tracer.close()
 
@@ -369,7 +384,11 @@ def run(
     acp_fd = claim_stdout()
     runtime: Runtime | None = None
     try:
-        if agent_cmd and not common.get("agent_name") and not common.get("adapter"):
+        if (
+            agent_cmd
+            and not common.get("agent_name")
+            and (not common.get("adapter") or launch.started_early(agent_cmd))
+        ):
             status = trio.run(
                 run_stdio_started_first, agent_cmd, common, trace_file, trace_prompts, acp_fd
             )
@@ -536,7 +555,7 @@ def serve(
 )
 @click.option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(launch.LOG_LEVELS),
     default="warning",
     help="stderr log level.",
 )

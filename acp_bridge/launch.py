@@ -5,6 +5,10 @@ The agent's own start-up (a second for claude-agent-acp) can hide the bridge's: 
 the command line names the agent command and nothing that changes how it is started, the
 process is started here, before trio, click, pydantic and the adapters are imported; the
 run command adopts it (:func:`take`). Any other command line is left to the usual path.
+
+When, in addition, nothing the answer to ``initialize`` depends on needs the full bridge
+(no configuration file, a built-in adapter or ``auto``), that exchange is done here too
+(:mod:`acp_bridge.early_initialize`), and the runtime replays it (:func:`take_exchange`).
 """
 
 from __future__ import annotations
@@ -14,13 +18,24 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from acp_bridge.early_initialize import Exchange
+
+# The values the run command accepts for these options (cli.py uses the same tuples).
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+ON_OMITTED: Final = ("keep", "default")
+USER_FILE_NAME: Final = "config.yaml"
+ADAPTERS_PACKAGE: Final = "acp_bridge.adapters"
 
 # Options of the run command that do not change how the agent is started, with whether
-# they take a value. --agent and --adapter are not here: a preset names its own command,
-# and a mistyped adapter must be refused before anything starts.
+# they take a value. --agent is not here: a preset names its own command. --adapter is
+# neutral only when it names a built-in adapter (:func:`early_options`): a mistyped one
+# must be refused before anything starts.
 NEUTRAL_OPTIONS: Final = {
+    "--adapter": True,
     "--state": True,
     "--config": True,
     "--trace": True,
@@ -34,19 +49,72 @@ NEUTRAL_OPTIONS: Final = {
 _STARTED: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
 
 
-def agent_command(args: Sequence[str]) -> list[str] | None:
-    """The agent command of ``[OPTIONS] -- AGENT_CMD…`` with neutral options only."""
+def early_options(args: Sequence[str]) -> tuple[list[str], dict[str, str | None]] | None:
+    """The agent command of ``[OPTIONS] -- AGENT_CMD…`` and its options (name -> value,
+    ``None`` for a flag), if they are all neutral."""
+    options: dict[str, str | None] = {}
     index = 0
     while index < len(args):
         arg = args[index]
         if arg == "--":
             rest = list(args[index + 1 :])
-            return rest or None
-        name = arg.split("=", 1)[0]
+            return (rest, options) if rest else None
+        name, equals, value = arg.partition("=")
         if name not in NEUTRAL_OPTIONS:
             return None
-        index += 2 if NEUTRAL_OPTIONS[name] and "=" not in arg else 1
+        if not NEUTRAL_OPTIONS[name]:
+            if equals:
+                return None  # a flag given a value: the usual path refuses it
+            options[name] = None
+            index += 1
+            continue
+        if not equals:
+            if index + 1 >= len(args):
+                return None
+            value = args[index + 1]
+        options[name] = value
+        index += 1 if equals else 2
     return None
+
+
+def agent_command(args: Sequence[str]) -> list[str] | None:
+    """The agent command of ``[OPTIONS] -- AGENT_CMD…`` with neutral options only."""
+    parsed = early_options(args)
+    if parsed is None:
+        return None
+    argv, options = parsed
+    adapter = options.get("--adapter")
+    if adapter is not None and adapter != "auto" and builtin_adapter_module(adapter) is None:
+        return None  # the usual path finds it among the user's adapters, or refuses it
+    return argv
+
+
+def builtin_adapter_module(name: str) -> str | None:
+    """The module of the built-in adapter ``name``, found without importing any adapter.
+
+    Each built-in adapter lives in the module named after it, ``-`` spelt ``_`` (a test
+    holds every built-in adapter to this).
+    """
+    module = name.replace("-", "_")
+    if not module.isidentifier():
+        return None
+    import importlib.util
+
+    spec = importlib.util.find_spec(ADAPTERS_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if os.path.isfile(os.path.join(folder, module + ".py")):
+            return f"{ADAPTERS_PACKAGE}.{module}"
+    return None
+
+
+def default_config_file(environ: Mapping[str, str] | None = None) -> str:
+    """``$XDG_CONFIG_HOME/acp-bridge/config.yaml``, falling back to ``~/.config``."""
+    env = os.environ if environ is None else environ
+    config_home = env.get("XDG_CONFIG_HOME", "")
+    if os.path.isabs(config_home):  # XDG: relative values are invalid and ignored
+        return os.path.join(config_home, "acp-bridge", USER_FILE_NAME)
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".config", "acp-bridge", USER_FILE_NAME)
 
 
 def start_early(args: Sequence[str]) -> None:
@@ -82,11 +150,63 @@ def take(argv: Sequence[str]) -> subprocess.Popen[bytes] | None:
     return _STARTED.pop(tuple(argv), None)
 
 
+def started_early(argv: Sequence[str]) -> bool:
+    """Whether a process was started early for ``argv`` and not taken yet."""
+    return tuple(argv) in _STARTED
+
+
+# The initialize exchange done before the runtime loaded, for the runtime to replay.
+_EXCHANGED: list[Exchange] = []
+
+
+def take_exchange() -> Exchange | None:
+    """The exchange done early (once), else None."""
+    return _EXCHANGED.pop() if _EXCHANGED else None
+
+
+def exchange_early(args: Sequence[str]) -> None:
+    """Answer the client's ``initialize`` now if nothing it depends on needs the full
+    bridge: the agent was started early, no configuration file applies, and every option
+    value is one the run command accepts (otherwise it must refuse before any answer)."""
+    parsed = early_options(args)
+    if parsed is None or len(_STARTED) != 1:
+        return
+    argv, options = parsed
+    process = _STARTED.get(tuple(argv))
+    if process is None or process.stdin is None or process.stdout is None:
+        return
+    if "--config" in options or os.path.exists(default_config_file()):
+        return
+    if options.get("--log-level", "error") not in LOG_LEVELS:
+        return
+    if options.get("--on-omitted", "keep") not in ON_OMITTED:
+        return
+    from acp_bridge import early_initialize
+
+    _EXCHANGED.append(
+        early_initialize.exchange(
+            0,
+            1,
+            process.stdin.fileno(),
+            process.stdout.fileno(),
+            adapter=options.get("--adapter") or early_initialize.AUTO,
+            allow_override="--no-override" not in options,
+        )
+    )
+
+
 def main() -> None:
     """The ``acp-bridge`` command."""
     import sys
 
-    start_early(sys.argv[1:])
+    args = sys.argv[1:]
+    start_early(args)
+    try:
+        exchange_early(args)
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting for the agent: as the run command ends on it before it
+        # listens for signals (the agent is stopped on the way out).
+        sys.exit(128 + signal.SIGINT)
     from acp_bridge.cli import main as cli_main
 
     cli_main()

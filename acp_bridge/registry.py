@@ -67,6 +67,23 @@ def _user_modules(folder: Path) -> Iterable[ModuleType]:
         yield module
 
 
+def builtin(name: str) -> type[Adapter]:
+    """The built-in adapter ``name``, importing only its own module.
+
+    A built-in adapter lives in the module named after it (``first-turn`` in
+    ``first_turn.py``), so the bridge can check a name given on the command line, and use
+    it, without loading every adapter (:func:`acp_bridge.launch.builtin_adapter_module`).
+    """
+    from acp_bridge.launch import builtin_adapter_module
+
+    module_name = builtin_adapter_module(name)
+    if module_name is not None:
+        for adapter in _adapters_in(importlib.import_module(module_name)):
+            if adapter.name == name:
+                return adapter
+    raise AdapterNotFound(f"no built-in adapter {name!r}")
+
+
 class AdapterRegistry:
     def __init__(self, extra_folders: Iterable[Path] = ()) -> None:
         self.adapters: dict[str, type[Adapter]] = {}

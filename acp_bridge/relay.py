@@ -17,7 +17,6 @@ so tests can run coroutine agents over in-memory streams.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import logging
@@ -1069,9 +1068,9 @@ class Bridge:
         assert self.adapter is not None
         # Each adapter names the wire forms it puts the prompt in, for the trace to hide.
         self.tracer.redactor = self.adapter.redact
-        delivery = self.adapter.delivery(result)
-        if delivery is not None and not self.options.allow_override:
-            delivery = Delivery(append=delivery.append, override=False)
+        delivery, advertised = capabilities.initialize_answer(
+            self.adapter, result, allow_override=self.options.allow_override
+        )
         self.delivery = delivery
         # Sessions are stored per agent identity: its agentInfo.name, else its command.
         self.lifecycle.agent = capabilities.agent_name(result) or self.lifecycle.agent
@@ -1083,13 +1082,8 @@ class Bridge:
                 intercepted.add("session/prompt")
         self.router.intercepted = frozenset(intercepted)
         self.router.route = self._route_hop
-        if delivery is None:
+        if advertised is None:
             return reply
-        advertised = capabilities.advertise(
-            self.adapter.adjust_capabilities(copy.deepcopy(result)),
-            delivery,
-            adapter=self.adapter.name,
-        )
         return reply.with_result(advertised)
 
     def _choose_adapter(self, initialize_result: JsonObject) -> None:

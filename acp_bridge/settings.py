@@ -13,7 +13,6 @@ file and the key path (``config.yaml: agents.claude.argz: unknown key``).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
@@ -36,6 +35,7 @@ from pydantic import (
 )
 
 from acp_bridge.framing import DEFAULT_STREAM_AFTER
+from acp_bridge.launch import default_config_file
 from acp_bridge.store import MEMORY, SessionStore
 from acp_bridge.system_prompt import DEFAULT_MAX_PROMPT_BYTES
 
@@ -48,7 +48,6 @@ _Loader: TypeAlias = "type[yaml.SafeLoader] | type[yaml.CSafeLoader]"
 # when PyYAML was built with it (they are valid, and the tests hold both loaders to the
 # same result). A user's file keeps the pure-Python loader, whose messages its errors quote.
 _SHIPPED_LOADER: Final[_Loader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-USER_FILE_NAME: Final = "config.yaml"
 DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
 
 Key = str | int
@@ -283,12 +282,9 @@ class Config(_Section):
 
 def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CONFIG_HOME/acp-bridge/config.yaml``, falling back to ``~/.config``."""
-    env = os.environ if environ is None else environ
-    config_home = env.get("XDG_CONFIG_HOME", "")
-    if os.path.isabs(config_home):  # XDG: relative values are invalid and ignored
-        return Path(config_home) / "acp-bridge" / USER_FILE_NAME
-    home = env.get("HOME") or str(Path.home())
-    return Path(home) / ".config" / "acp-bridge" / USER_FILE_NAME
+    # One rule for both: the early start (launch.py) looks for this file before it loads
+    # anything, since an initialize answered early must not ignore it.
+    return Path(default_config_file(environ))
 
 
 def load_config(

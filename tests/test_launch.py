@@ -20,10 +20,17 @@ from acp_bridge.launch import agent_command
         (["--state", ":memory:", "--", "agent", "--acp"], ["agent", "--acp"]),
         (["--state=:memory:", "--trace-prompts", "--", "agent"], ["agent"]),
         (["--config", "c.yaml", "--log-level", "debug", "--", "a"], ["a"]),
-        # Left to the usual path: a preset, an adapter to check first, another command,
-        # an option it does not know, no command at all.
+        # A built-in adapter, found without loading any adapter.
+        (["--adapter", "codex", "--", "codex-acp"], ["codex-acp"]),
+        (["--adapter=first-turn", "--", "a"], ["a"]),
+        (["--adapter", "auto", "--", "a"], ["a"]),
+        # Left to the usual path: a preset, an adapter that is not built in (a user's, or
+        # mistyped), another command, an option it does not know, a flag given a value,
+        # no command at all.
         (["--agent", "claude"], None),
-        (["--adapter", "codex", "--", "codex-acp"], None),
+        (["--adapter", "codx", "--", "codex-acp"], None),
+        (["--adapter", "../claude", "--", "a"], None),
+        (["--no-override=1", "--", "a"], None),
         (["verify", "--", "agent"], None),
         (["--unknown", "--", "agent"], None),
         (["agent"], None),

@@ -1,0 +1,331 @@
+"""The client's ``initialize``, answered before the runtime has loaded.
+
+An editor waits for the answer to its ``initialize`` before it does anything else. When
+:mod:`acp_bridge.launch` has started the agent early and the answer cannot depend on
+anything only the full bridge knows (no configuration file, a built-in adapter), the
+exchange is done here, with the standard library and the light protocol modules
+(``jsonrpc``, ``capabilities``, ``adapter`` and the chosen adapter's module): the client's
+first line is read and, if it is an ``initialize`` request, written to the agent; the
+agent's answer is read, the client's answer is computed with the same code the runtime
+uses (:func:`acp_bridge.capabilities.initialize_answer`) and written. Meanwhile a thread
+loads the runtime (trio, click, pydantic, the adapters), so those imports overlap the
+agent's own start-up.
+
+Nothing here decides anything the runtime would not: the exchange is a *prefix* of the
+connection, recorded as bytes (:class:`Exchange`). The runtime replays it through its
+usual path (:mod:`acp_bridge.handover`): what was read is fed to its pumps again, and
+what was already written is checked to be exactly what the runtime writes, and not
+written twice. So the router, the adapter and the trace see the ``initialize`` as always.
+
+The exchange stops at the first thing it does not handle, and leaves the rest to the
+runtime: a first line that is not an ``initialize`` request (or not valid), anything the
+client sends before the answer, anything the agent writes before its answer, an end of
+either stream, a line over :data:`LINE_LIMIT`, or any failure while computing the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from acp_bridge import capabilities, jsonrpc
+from acp_bridge.jsonrpc import FrameError, JsonObject, Kind
+
+if TYPE_CHECKING:
+    from acp_bridge.adapter import Adapter, AgentLink
+
+# A first line (the client's, or the agent's answer) longer than this is left to the
+# runtime, which applies the configured line limit to it. Real ``initialize`` lines are
+# well under a kilobyte.
+LINE_LIMIT: Final = 1 << 20
+READ_SIZE: Final = 1 << 16
+# How long the thread that loads the runtime may hold the interpreter while the exchange
+# waits to read or write: short, so the answer is not held up by an import in progress.
+SWITCH_INTERVAL: Final = 0.0005
+# What the thread loads while the agent starts: what the run command imports first.
+RUNTIME_MODULES: Final = (
+    "acp_bridge.cli",
+    "acp_bridge.settings",
+    "acp_bridge.relay",
+    "acp_bridge.lifecycle",
+    "acp_bridge.trace",
+)
+AUTO: Final = "auto"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What the exchange read and wrote, for the runtime to replay in this order:
+
+    ``client_first`` (the client's first line, or all it read), then ``agent_first`` once
+    ``to_agent`` has been written again, then ``client_rest`` and ``agent_rest`` once
+    ``to_client`` has been written again. ``to_agent`` and ``to_client`` were already
+    written: the runtime's first writes to the agent and to the client must be exactly
+    these bytes, and are not written a second time.
+    """
+
+    client_first: bytes = b""
+    client_rest: bytes = b""
+    to_agent: bytes = b""
+    agent_first: bytes = b""
+    agent_rest: bytes = b""
+    to_client: bytes = b""
+
+    @property
+    def answered(self) -> bool:
+        """Whether the client has its answer already."""
+        return bool(self.to_client)
+
+
+class _EarlyContext:
+    """What an adapter gets while its delivery is asked: nothing beyond a logger.
+
+    The adapter made with it only says what it delivers and advertises; the runtime makes
+    its own with the real connection. Anything else an adapter might ask for now fails,
+    and the exchange leaves the answer to the runtime.
+    """
+
+    def __init__(self) -> None:
+        self.log = logging.getLogger("acp_bridge")
+
+    @property
+    def primary(self) -> AgentLink:
+        raise _NotYet
+
+    def live_sessions(self) -> set[str]:
+        return set()
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return dict(os.environ)
+
+    async def spawn_agent(
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        private_files: Sequence[str] = (),
+    ) -> AgentLink:
+        raise _NotYet
+
+    async def stop_agent(self, link: AgentLink) -> None:
+        raise _NotYet
+
+    def start_soon(self, async_fn: Callable[..., Any], *args: Any) -> None:
+        raise _NotYet
+
+    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
+        # Only without a configuration file does the exchange run: no options are set.
+        return {}
+
+
+class _NotYet(Exception):
+    """An adapter asked for the connection while the answer was computed."""
+
+
+class _Loader:
+    """Loads the runtime's modules in a thread while the exchange waits for the agent."""
+
+    def __init__(self) -> None:
+        self._thread = threading.Thread(target=self._load, name="acp-bridge-load", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _load() -> None:
+        from acp_bridge.registry import AdapterRegistry
+
+        for name in RUNTIME_MODULES:
+            importlib.import_module(name)
+        AdapterRegistry()  # imports every built-in adapter
+
+    def join(self) -> None:
+        """Wait until it is done. Should it have failed, the runtime imports again and
+        reports the failure the usual way."""
+        self._thread.join()
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, READ_SIZE)
+    except OSError:
+        return b""  # what the runtime's pumps make of a failed read
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    """Write ``data``; how many bytes were written (fewer: the reader is gone)."""
+    done = 0
+    with contextlib.suppress(OSError):
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    return done
+
+
+def _first_line(data: bytes) -> bytes | None:
+    """The first complete line of ``data`` with its terminator, if there is one."""
+    end = data.find(b"\n")
+    return None if end < 0 else data[: end + 1]
+
+
+def _frame(line: bytes) -> jsonrpc.Frame | None:
+    """``line`` (with its terminator) as the runtime's framing and parser see it."""
+    data = line[:-1]
+    if data.endswith(b"\r"):
+        data = data[:-1]
+    try:
+        return jsonrpc.parse(data)
+    except FrameError:
+        return None
+
+
+@contextlib.contextmanager
+def _signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the bridge with 128 + N while it waits here, so the agent
+    started early is stopped on the way out (the default action would leave it running);
+    SIGINT already raises KeyboardInterrupt."""
+
+    def stop(signum: int, _frame: object) -> NoReturn:
+        raise SystemExit(128 + signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """The file descriptors of the exchange and what the answer depends on."""
+
+    client_in: int
+    client_out: int
+    agent_in: int
+    agent_out: int
+    adapter: str
+    allow_override: bool
+
+
+def exchange(
+    client_in: int,
+    client_out: int,
+    agent_in: int,
+    agent_out: int,
+    *,
+    adapter: str = AUTO,
+    allow_override: bool = True,
+) -> Exchange:
+    """Do the ``initialize`` exchange as far as it can be done here; see the module.
+
+    ``adapter`` is ``auto`` or the name of a built-in adapter (the caller has checked
+    that one exists under that name).
+    """
+    ends = _Ends(client_in, client_out, agent_in, agent_out, adapter, allow_override)
+    with _signals_exit():
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        try:
+            return _exchange(ends)
+        finally:
+            sys.setswitchinterval(interval)
+
+
+def _exchange(ends: _Ends) -> Exchange:
+    read = b""
+    while (line := _first_line(read)) is None:
+        data = _read(ends.client_in)
+        read += data
+        if not data or len(read) > LINE_LIMIT:
+            return Exchange(client_first=read)
+    request = _frame(line)
+    if request is None or request.kind is not Kind.REQUEST or request.method != "initialize":
+        return Exchange(client_first=read)
+    client_rest = read[len(line) :]
+    # What the runtime writes for an unchanged request: its bytes without the terminator.
+    forward = request.raw + b"\n"
+    written = _write_all(ends.agent_in, forward)
+    if written < len(forward) or client_rest:
+        return Exchange(client_first=line, client_rest=client_rest, to_agent=forward[:written])
+    sent = Exchange(client_first=line, to_agent=forward)
+    chosen: type[Adapter] | None = None
+    if ends.adapter != AUTO:
+        try:
+            from acp_bridge import registry
+
+            chosen = registry.builtin(ends.adapter)
+        except Exception:  # the runtime reports it
+            return sent
+    loader = _Loader()
+    try:
+        return _answer(ends, request, sent, chosen, loader)
+    finally:
+        loader.join()
+
+
+def _answer(
+    ends: _Ends,
+    request: jsonrpc.Frame,
+    sent: Exchange,
+    chosen: type[Adapter] | None,
+    loader: _Loader,
+) -> Exchange:
+    """Wait for the agent's answer and give the client its own; ``sent``: so far."""
+    agent_read = b""
+    while (answer_line := _first_line(agent_read)) is None:
+        ready, _, _ = select.select([ends.client_in, ends.agent_out], [], [])
+        if ends.client_in in ready:
+            # Whatever the client says now (more frames, or its EOF) is the runtime's to
+            # handle, in the order the usual path would.
+            more = _read(ends.client_in)
+            return replace(sent, client_rest=more, agent_first=agent_read)
+        data = _read(ends.agent_out)
+        agent_read += data
+        if not data or len(agent_read) > LINE_LIMIT:
+            return replace(sent, agent_first=agent_read)
+    unanswered = replace(sent, agent_first=agent_read)
+    response = _frame(answer_line)
+    if response is None or response.kind is not Kind.RESPONSE or response.id != request.id:
+        return unanswered
+    try:
+        if chosen is None:
+            loader.join()  # the registry imports every adapter: not two threads at once
+        answer = _client_answer(request, response, chosen, ends.allow_override) + b"\n"
+    except Exception:
+        return unanswered  # the runtime computes it again, and reports what failed
+    written = _write_all(ends.client_out, answer)
+    return replace(
+        sent,
+        agent_first=answer_line,
+        agent_rest=agent_read[len(answer_line) :],
+        to_client=answer[:written],
+    )
+
+
+def _client_answer(
+    request: jsonrpc.Frame,
+    response: jsonrpc.Frame,
+    chosen: type[Adapter] | None,
+    allow_override: bool,
+) -> bytes:
+    """What ``Bridge._initialize`` answers for this response, as bytes without newline."""
+    message = response.message
+    result = message.get("result")
+    if message.get("error") is not None or not isinstance(result, dict):
+        return response.raw
+    if chosen is None:
+        from acp_bridge.registry import AdapterRegistry
+
+        chosen = AdapterRegistry().choose(result)
+    adapter = chosen(_EarlyContext())
+    _, advertised = capabilities.initialize_answer(adapter, result, allow_override=allow_override)
+    if advertised is None:
+        return response.raw
+    reply: JsonObject = jsonrpc.result_response(request.id, advertised)
+    return jsonrpc.encode(reply)
