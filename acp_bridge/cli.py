@@ -324,6 +324,8 @@ async def run_stdio_started_first(
         started = None  # the usual path fails the same way and tells the client why
     try:
         runtime = resolve_runtime(agent_cmd, **common)
+        if exchange is not None:
+            log.debug("initialize before the bridge loaded: %s; replaying it", exchange.stage)
         tracer = make_tracer(runtime, trace_file, trace_prompts)
     except BaseException:
         if started is not None:

@@ -20,7 +20,8 @@ written twice. So the router, the adapter and the trace see the ``initialize`` a
 The exchange stops at the first thing it does not handle, and leaves the rest to the
 runtime: a first line that is not an ``initialize`` request (or not valid), anything the
 client sends before the answer, anything the agent writes before its answer, an end of
-either stream, a line over :data:`LINE_LIMIT`, or any failure while computing the answer.
+either stream, a line over :data:`LINE_LIMIT`, anything the agent writes in the same read
+as its answer, or any failure while computing the answer.
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ class Exchange:
     def answered(self) -> bool:
         """Whether the client has its answer already."""
         return bool(self.to_client)
+
+    @property
+    def stage(self) -> str:
+        """How far it went: ``answered``, ``forwarded`` (to the agent) or ``read``."""
+        if self.to_client:
+            return "answered"
+        return "forwarded" if self.to_agent else "read"
 
 
 class _EarlyContext:
@@ -290,6 +298,11 @@ def _answer(
         if not data or len(agent_read) > LINE_LIMIT:
             return replace(sent, agent_first=agent_read)
     unanswered = replace(sent, agent_first=agent_read)
+    if len(agent_read) > len(answer_line):
+        # More came with the answer. The runtime hands an answer to the task that
+        # intercepted the request and forwards the frames after it at once, so those reach
+        # the client first; the runtime does it, so the order stays what it always is.
+        return unanswered
     response = _frame(answer_line)
     if response is None or response.kind is not Kind.RESPONSE or response.id != request.id:
         return unanswered
@@ -300,12 +313,7 @@ def _answer(
     except Exception:
         return unanswered  # the runtime computes it again, and reports what failed
     written = _write_all(ends.client_out, answer)
-    return replace(
-        sent,
-        agent_first=answer_line,
-        agent_rest=agent_read[len(answer_line) :],
-        to_client=answer[:written],
-    )
+    return replace(sent, agent_first=answer_line, to_client=answer[:written])
 
 
 def _client_answer(

@@ -192,7 +192,8 @@ def bridge_env(tmp_path: Path) -> dict[str, str]:
 async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterator[OpenBridge]:
     """``async with open_bridge(*fake_agent_args, config={...}) as bridge:``.
 
-    ``config`` is the ``bridge:`` section of a YAML config file; ``agent_argv`` replaces
+    ``config`` is the ``bridge:`` section of a YAML config file (``config_file=False``: no
+    file, ``--state :memory:`` instead); ``agent_argv`` replaces
     the fake agent; ``grandchild=True`` makes the fake agent leave a stubborn child.
     """
     started: list[RunningBridge] = []
@@ -205,6 +206,7 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
         bridge_args: Sequence[str] = (),
         agent_argv: Sequence[str] | None = None,
         grandchild: bool = False,
+        config_file: bool = True,
     ) -> AsyncIterator[RunningBridge]:
         nonlocal counter
         counter += 1
@@ -212,6 +214,10 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
         directory.mkdir()
         config_path = directory / "config.yaml"
         config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+        # Without a configuration file the bridge may answer initialize before it has
+        # loaded (acp_bridge.early_initialize); a file of any content leaves it to the runtime.
+        config_args = ["--config", str(config_path)] if config_file else ["--state", ":memory:"]
+        assert config_file or not config
         argv = (
             list(agent_argv)
             if agent_argv
@@ -224,8 +230,7 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
                     sys.executable,
                     "-m",
                     "acp_bridge",
-                    "--config",
-                    str(config_path),
+                    *config_args,
                     *bridge_args,
                     "--",
                     *argv,

@@ -1,0 +1,496 @@
+"""The initialize exchange done before the bridge loads (acp_bridge.early_initialize).
+
+Each case runs the bridge CLI twice in front of the same agent with the same client: once
+without a configuration file (the early exchange applies) and once with an empty one (the
+usual path). The client must see the same bytes and the same exit status both ways, and
+the agent must receive the same bytes; the early run must say (in its debug log) that it
+answered, or only began, the exchange before loading.
+"""
+
+# ruff: noqa: E501  (wire frames and agent scripts, one per line)
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FAKE_AGENT, pid_alive
+
+from acp_bridge import early_initialize, launch, registry
+
+INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
+SESSION_NEW = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
+CLAUDE = "@agentclientprotocol/claude-agent-acp"
+ANSWERED = "initialize before the bridge loaded: answered"
+BEGUN = "initialize before the bridge loaded: forwarded"
+
+# Agents for the edges, as -c scripts (stdlib only).
+NOTIFIES_FIRST = """
+import json, sys
+line = sys.stdin.readline()
+request = json.loads(line)
+out = sys.stdout
+out.write(json.dumps({"jsonrpc": "2.0", "method": "_agent/hello", "params": {}}) + "\\n")
+out.write(json.dumps({"jsonrpc": "2.0", "id": "a-1", "method": "_agent/ask", "params": {}}) + "\\n")
+out.flush()
+out.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"protocolVersion": 1}}) + "\\n")
+out.flush()
+for line in sys.stdin:
+    message = json.loads(line)
+    if "method" in message and "id" in message:
+        out.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {"saw": message}}) + "\\n")
+        out.flush()
+"""
+ANSWERS_THEN_NOTIFIES = """
+import json, sys
+request = json.loads(sys.stdin.readline())
+answer = {"jsonrpc": "2.0", "id": request["id"], "result": {"protocolVersion": 1}}
+note = {"jsonrpc": "2.0", "method": "_agent/after", "params": {"n": 1}}
+sys.stdout.write(json.dumps(answer) + "\\n" + json.dumps(note) + "\\n")
+sys.stdout.flush()
+for line in sys.stdin:
+    pass
+"""
+ANSWERS_THEN_NOTIFIES_LATER = """
+import json, sys, time
+request = json.loads(sys.stdin.readline())
+answer = {"jsonrpc": "2.0", "id": request["id"], "result": {"protocolVersion": 1}}
+sys.stdout.write(json.dumps(answer) + "\\n")
+sys.stdout.flush()
+time.sleep(0.3)
+sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "_agent/after", "params": {}}) + "\\n")
+sys.stdout.flush()
+for line in sys.stdin:
+    pass
+"""
+EXITS_UNANSWERED = """
+import sys
+sys.stdin.readline()
+sys.exit(3)
+"""
+NEVER_ANSWERS = """
+import sys
+for line in sys.stdin:
+    pass
+"""
+ANSWER_SPLIT = """
+import json, sys, time
+request = json.loads(sys.stdin.readline())
+text = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"protocolVersion": 1}})
+sys.stdout.write(text[:20]); sys.stdout.flush(); time.sleep(0.2)
+sys.stdout.write(text[20:] + "\\r\\n"); sys.stdout.flush()
+for line in sys.stdin:
+    pass
+"""
+
+
+@dataclass
+class Run:
+    stdout: bytes
+    status: int
+    stderr: str
+    agent_received: bytes
+
+
+Agent = Callable[[Path], list[str]]
+"""An agent command, given the file to record what it receives in."""
+
+
+def run_bridge(
+    directory: Path,
+    env: dict[str, str],
+    agent: Agent,
+    steps: Sequence[Any],
+    *,
+    usual: bool,
+    bridge_args: Sequence[str] = (),
+    timeout: float = 30,
+) -> Run:
+    """Run the bridge in front of ``agent``; ``steps``: bytes to write, an int (wait for
+    that many lines in all), ``"close"`` (close stdin), or a float (sleep)."""
+    directory.mkdir()
+    config = ["--config", str(directory / "empty.yaml")] if usual else []
+    (directory / "empty.yaml").write_text("bridge: {}\n")
+    record = directory / "agent-received"
+    argv = [
+        sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--log-level", "debug",
+        *config, *bridge_args, "--", *agent(record),
+    ]  # fmt: skip
+    with (directory / "stderr").open("wb") as stderr:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+    lines: queue.Queue[bytes] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(process, lines), daemon=True)
+    reader.start()
+    received: list[bytes] = []
+    assert process.stdin is not None
+    try:
+        for step in steps:
+            if isinstance(step, bytes):
+                process.stdin.write(step)
+                process.stdin.flush()
+            elif isinstance(step, int):
+                while len(received) < step:
+                    received.append(lines.get(timeout=timeout))
+            elif step == "close":
+                process.stdin.close()
+            else:
+                time.sleep(step)
+        if not process.stdin.closed:
+            process.stdin.close()
+        status = process.wait(timeout=timeout)
+        reader.join(timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    while not lines.empty():
+        received.append(lines.get())
+    received = [line for line in received if line]
+    return Run(
+        b"".join(received),
+        status,
+        (directory / "stderr").read_text(errors="replace"),
+        record.read_bytes() if record.exists() else b"",
+    )
+
+
+def _read_lines(process: subprocess.Popen[bytes], lines: queue.Queue[bytes]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line)
+    lines.put(b"")
+
+
+def recording(script: str) -> Agent:
+    """``script`` run with every line it reads recorded first."""
+    prelude = (
+        "import sys\n"
+        "class _Tee:\n"
+        "    def __init__(self, inner, path):\n"
+        "        self.inner = inner; self.log = open(path, 'a')\n"
+        "    def readline(self):\n"
+        "        line = self.inner.readline(); self.log.write(line); self.log.flush(); return line\n"
+        "    def __iter__(self):\n"
+        "        while line := self.readline():\n"
+        "            yield line\n"
+        "sys.stdin = _Tee(sys.stdin, sys.argv[1])\n"
+    )
+    return lambda record: [sys.executable, "-c", prelude + script, str(record)]
+
+
+def fake_agent(*args: str) -> Agent:
+    return lambda record: [sys.executable, str(FAKE_AGENT), "--record", str(record), *args]
+
+
+def both_ways(
+    tmp_path: Path,
+    bridge_env: dict[str, str],
+    agent: Agent,
+    steps: Sequence[Any],
+    bridge_args: Sequence[str] = (),
+    *,
+    same_output: bool = True,
+) -> tuple[Run, Run]:
+    early = run_bridge(tmp_path / "early", bridge_env, agent, steps, usual=False,
+                       bridge_args=bridge_args)  # fmt: skip
+    usual = run_bridge(tmp_path / "usual", bridge_env, agent, steps, usual=True,
+                       bridge_args=bridge_args)  # fmt: skip
+    assert ANSWERED not in usual.stderr and BEGUN not in usual.stderr
+    assert "differs" not in early.stderr, early.stderr
+    if same_output:
+        assert early.stdout == usual.stdout
+    assert early.status == usual.status
+    assert early.agent_received == usual.agent_received
+    return early, usual
+
+
+@pytest.mark.parametrize(
+    ("agent_args", "bridge_args", "adapter"),
+    [
+        (["--name", CLAUDE], [], "claude"),
+        (["--caps", '{"sessionCapabilities":{"systemPrompt":{"mode":{"override":{}}}}}'], [], "native"),
+        (["--name", "plain"], [], "first-turn"),
+        (["--name", CLAUDE], ["--no-override"], "claude"),
+        (["--name", "goose"], [], "goose"),
+        (["--name", "codex-acp"], [], "codex"),
+        (["--name", CLAUDE], ["--adapter", "passthrough"], None),
+        (["--name", "plain"], ["--adapter", "first-turn"], "first-turn"),
+        (["--fail-method", "initialize"], [], None),
+    ],
+)  # fmt: skip
+def test_the_early_answer_is_the_usual_one(
+    tmp_path: Path,
+    bridge_env: dict[str, str],
+    agent_args: list[str],
+    bridge_args: list[str],
+    adapter: str | None,
+) -> None:
+    early, _ = both_ways(
+        tmp_path, bridge_env, fake_agent(*agent_args), [INITIALIZE, 1, SESSION_NEW, 2, "close"],
+        bridge_args,
+    )  # fmt: skip
+    assert ANSWERED in early.stderr
+    answer = json.loads(early.stdout.splitlines()[0])
+    caps = answer.get("result", {}).get("agentCapabilities", {})
+    assert caps.get("_meta", {}).get("acp-bridge", {}).get("adapter") == adapter
+    assert early.status == 0
+
+
+def test_the_agents_own_bytes_pass_unchanged(tmp_path: Path, bridge_env: dict[str, str]) -> None:
+    early, _ = both_ways(
+        tmp_path, bridge_env, recording(ANSWER_SPLIT), [INITIALIZE, 1, "close"],
+        ["--adapter", "passthrough"],
+    )  # fmt: skip
+    assert ANSWERED in early.stderr
+    # The agent wrote its answer in two pieces and ended it with \r\n; the client gets
+    # the frame (the bridge writes \n-terminated lines).
+    assert early.stdout == b'{"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1}}\n'
+
+
+def test_what_the_client_pipelines_is_left_to_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    garbage = b"not json\n"
+    early, _ = both_ways(
+        tmp_path, bridge_env, fake_agent("--name", CLAUDE),
+        [INITIALIZE + garbage + SESSION_NEW, 3, "close"],
+    )  # fmt: skip
+    assert BEGUN in early.stderr
+    # The invalid line is answered first, as always: it waits for nothing.
+    assert json.loads(early.stdout.splitlines()[0])["error"]["code"] == -32700
+
+
+def test_what_the_client_sends_while_the_agent_starts_is_left_to_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    slow = recording("import time\ntime.sleep(1.0)\n" + ANSWERS_THEN_NOTIFIES)
+    early, _ = both_ways(
+        tmp_path, bridge_env, slow, [INITIALIZE, 0.5, SESSION_NEW, 2, "close"],
+        ["--adapter", "passthrough"],
+    )  # fmt: skip
+    assert BEGUN in early.stderr
+
+
+def test_what_the_agent_writes_before_its_answer_is_left_to_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    early, _ = both_ways(
+        tmp_path, bridge_env, recording(NOTIFIES_FIRST), [INITIALIZE, 3, SESSION_NEW, 4, "close"]
+    )
+    assert BEGUN in early.stderr
+    lines = [json.loads(line) for line in early.stdout.splitlines()]
+    assert [line.get("method") for line in lines[:2]] == ["_agent/hello", "_agent/ask"]
+
+
+def test_what_the_agent_writes_with_its_answer_is_left_to_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    early, _ = both_ways(
+        tmp_path, bridge_env, recording(ANSWERS_THEN_NOTIFIES), [INITIALIZE, 2, "close"]
+    )
+    assert BEGUN in early.stderr
+
+
+def test_what_the_agent_writes_after_its_answer_follows_it(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    later = recording(ANSWERS_THEN_NOTIFIES_LATER)
+    early, _ = both_ways(tmp_path, bridge_env, later, [INITIALIZE, 2, "close"])
+    assert ANSWERED in early.stderr
+    lines = [json.loads(line) for line in early.stdout.splitlines()]
+    assert lines[0]["id"] == 0 and lines[1]["method"] == "_agent/after"
+
+
+def test_a_client_that_leaves_after_initialize(tmp_path: Path, bridge_env: dict[str, str]) -> None:
+    slow = recording("import time\ntime.sleep(0.5)\n" + ANSWERS_THEN_NOTIFIES)
+    early, _ = both_ways(tmp_path, bridge_env, slow, [INITIALIZE, "close"])
+    assert BEGUN in early.stderr
+    assert any(json.loads(line).get("id") == 0 for line in early.stdout.splitlines())
+
+
+def test_an_agent_that_exits_without_answering(tmp_path: Path, bridge_env: dict[str, str]) -> None:
+    early, _ = both_ways(tmp_path, bridge_env, recording(EXITS_UNANSWERED), [INITIALIZE, 1])
+    assert BEGUN in early.stderr
+    assert json.loads(early.stdout)["error"]["data"]["exitStatus"] == 3
+    assert early.status == 3
+
+
+def test_an_agent_that_never_answers(tmp_path: Path, bridge_env: dict[str, str]) -> None:
+    early, usual = both_ways(
+        tmp_path, bridge_env, recording(NEVER_ANSWERS), [INITIALIZE, 1.0, "close"],
+        same_output=False,
+    )  # fmt: skip
+    assert BEGUN in early.stderr
+    # The client left; the agent exits on EOF. Whether the client still gets the error for
+    # its initialize is a race in the runtime itself (the usual path loses it at times),
+    # so either outcome counts, but nothing else.
+    exited = (
+        b'{"jsonrpc":"2.0","id":0,"error":{"code":-32603,"message":"The agent exited with '
+        b'status 0.","data":{"exitStatus":0}}}\n'
+    )
+    assert early.stdout in (b"", exited) and usual.stdout in (b"", exited)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b"not json\n",
+        b"\n",
+        SESSION_NEW,
+        b'{"jsonrpc":"2.0","method":"initialize","params":{}}\n',
+        b'{"jsonrpc":"2.0","id":5,"result":{}}\n',
+    ],
+    ids=["invalid", "blank", "session-new", "notification", "response"],
+)
+def test_a_first_line_that_is_not_an_initialize_request(
+    tmp_path: Path, bridge_env: dict[str, str], first: bytes
+) -> None:
+    early, _ = both_ways(
+        tmp_path, bridge_env, fake_agent("--name", CLAUDE), [first, 0.3, INITIALIZE, 0.5, "close"]
+    )
+    assert BEGUN not in early.stderr and ANSWERED not in early.stderr
+
+
+def test_a_client_that_sends_nothing(tmp_path: Path, bridge_env: dict[str, str]) -> None:
+    both_ways(tmp_path, bridge_env, fake_agent("--name", CLAUDE), ["close"])
+
+
+def test_the_trace_records_the_early_initialize(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    early = run_bridge(
+        tmp_path / "early", bridge_env, fake_agent("--name", CLAUDE),
+        [INITIALIZE, 1, "close"], usual=False, bridge_args=["--trace", str(trace)],
+    )  # fmt: skip
+    assert ANSWERED in early.stderr
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    directions = [record["dir"] for record in records]
+    assert directions[:3] == ["client->bridge", "bridge->agent", "agent->bridge"]
+    assert "agent->client" in directions
+
+
+def test_a_mistyped_adapter_is_refused_before_the_agent_starts(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    pidfile = tmp_path / "agent.pid"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--adapter", "claud",
+            "--", sys.executable, str(FAKE_AGENT), "--pidfile", str(pidfile),
+        ],
+        input=INITIALIZE, capture_output=True, env=bridge_env, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert b"unknown adapter 'claud'" in done.stderr
+    assert done.stdout == b""
+    time.sleep(0.3)
+    assert not pidfile.exists()
+
+
+def test_sigterm_while_waiting_for_the_agent_leaves_nothing_behind(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    pidfile = tmp_path / "agent.pid"
+    script = (
+        "import os, sys\n"
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n" + NEVER_ANSWERS
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--",
+         sys.executable, "-c", script],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=bridge_env,
+    )  # fmt: skip
+    try:
+        assert process.stdin is not None
+        process.stdin.write(INITIALIZE)
+        process.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the bridge now waits for the answer
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)
+
+
+def test_a_configuration_file_leaves_initialize_to_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    config = Path(bridge_env["XDG_CONFIG_HOME"]) / "acp-bridge" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("bridge: {allow_override: false}\n")
+    run = run_bridge(
+        tmp_path / "run", bridge_env, fake_agent("--name", CLAUDE), [INITIALIZE, 1, "close"],
+        usual=False,
+    )  # fmt: skip
+    assert ANSWERED not in run.stderr and BEGUN not in run.stderr
+    caps = json.loads(run.stdout.splitlines()[0])["result"]["agentCapabilities"]
+    assert caps["sessionCapabilities"]["systemPrompt"] == {}
+
+
+def test_every_builtin_adapter_lives_in_the_module_named_after_it() -> None:
+    for name, adapter in registry.AdapterRegistry().adapters.items():
+        assert launch.builtin_adapter_module(name) == adapter.__module__
+        assert registry.builtin(name) is adapter
+    assert launch.builtin_adapter_module("claud") is None
+    with pytest.raises(registry.AdapterNotFound):
+        registry.builtin("claud")
+
+
+def test_the_early_exchange_assumes_what_the_shipped_defaults_say() -> None:
+    from acp_bridge.settings import load_config
+
+    bridge = load_config(None, environ={"HOME": "/nonexistent"}).bridge
+    assert bridge.adapter == early_initialize.AUTO
+    assert bridge.adapter_paths == [] and bridge.adapter_options == {}
+    assert bridge.allow_override is True and bridge.trace is None
+    assert bridge.line_limit >= early_initialize.LINE_LIMIT
+
+
+def test_the_exchange_loads_no_heavy_module_before_the_answer(tmp_path: Path) -> None:
+    """With a named adapter, nothing of trio, pydantic, click or yaml is imported in the
+    main thread before the answer is written (the loader thread imports them meanwhile)."""
+    probe = (
+        "import os, sys, subprocess\n"
+        "from acp_bridge import early_initialize\n"
+        "heavy = ('trio', 'pydantic', 'click', 'yaml')\n"
+        "before = [m for m in heavy if m in sys.modules]\n"
+        "agent = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE,"
+        " stdout=subprocess.PIPE)\n"
+        "client_in, client_writes = os.pipe()\n"
+        "os.write(client_writes, sys.argv[2].encode())\n"
+        "client_reads, client_out = os.pipe()\n"
+        "early_initialize._Loader._load = staticmethod(lambda: None)\n"
+        "done = early_initialize.exchange(client_in, client_out, agent.stdin.fileno(),"
+        " agent.stdout.fileno(), adapter='passthrough')\n"
+        "print(before, [m for m in heavy if m in sys.modules], done.answered)\n"
+        "agent.kill()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, ANSWERS_THEN_NOTIFIES_LATER, INITIALIZE.decode()],
+        capture_output=True, timeout=30, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )  # fmt: skip
+    assert done.stdout.decode().split() == ["[]", "[]", "True"]
