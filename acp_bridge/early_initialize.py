@@ -142,16 +142,25 @@ class _Loader:
     """Loads the runtime's modules in a thread while the exchange waits for the agent."""
 
     def __init__(self) -> None:
+        self.adapters_loaded = threading.Event()
         self._thread = threading.Thread(target=self._load, name="acp-bridge-load", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _load() -> None:
-        from acp_bridge.registry import AdapterRegistry
+    def _load(self) -> None:
+        # A failure here is not reported: the main thread imports the same again, and
+        # fails the usual way.
+        with contextlib.suppress(Exception):
+            from acp_bridge.registry import AdapterRegistry
 
-        for name in RUNTIME_MODULES:
-            importlib.import_module(name)
-        AdapterRegistry()  # imports every built-in adapter
+            AdapterRegistry()  # imports every built-in adapter: what choosing one needs
+        self.adapters_loaded.set()
+        with contextlib.suppress(Exception):
+            for name in RUNTIME_MODULES:
+                importlib.import_module(name)
+
+    def wait_for_adapters(self) -> None:
+        """Wait until every built-in adapter is imported (or that failed)."""
+        self.adapters_loaded.wait()
 
     def join(self) -> None:
         """Wait until it is done. Should it have failed, the runtime imports again and
@@ -308,7 +317,8 @@ def _answer(
         return unanswered
     try:
         if chosen is None:
-            loader.join()  # the registry imports every adapter: not two threads at once
+            # The registry imports every adapter: the thread does, not both at once.
+            loader.wait_for_adapters()
         answer = _client_answer(request, response, chosen, ends.allow_override) + b"\n"
     except Exception:
         return unanswered  # the runtime computes it again, and reports what failed
