@@ -9,7 +9,10 @@ first line is read and, if it is an ``initialize`` request, written to the agent
 agent's answer is read, the client's answer is computed with the same code the runtime
 uses (:func:`acp_bridge.capabilities.initialize_answer`) and written. Meanwhile a thread
 loads the runtime (trio, click, pydantic, the adapters), so those imports overlap the
-agent's own start-up.
+agent's own start-up. Whichever comes first ends the wait: the agent's answer (an agent
+that starts fast gets its answer written at once), or the runtime loaded (an agent that
+starts slowly, like claude-agent-acp, is then answered by the runtime as it always was,
+which is by then ready for the client's next request).
 
 Nothing here decides anything the runtime would not: the exchange is a *prefix* of the
 connection, recorded as bytes (:class:`Exchange`). The runtime replays it through its
@@ -21,7 +24,8 @@ The exchange stops at the first thing it does not handle, and leaves the rest to
 runtime: a first line that is not an ``initialize`` request (or not valid), anything the
 client sends before the answer, anything the agent writes before its answer, an end of
 either stream, a line over :data:`LINE_LIMIT`, anything the agent writes in the same read
-as its answer, or any failure while computing the answer.
+as its answer, the runtime loaded before the agent answered, or any failure while
+computing the answer.
 """
 
 from __future__ import annotations
@@ -143,6 +147,8 @@ class _Loader:
 
     def __init__(self) -> None:
         self.adapters_loaded = threading.Event()
+        # Readable once everything is loaded, so the exchange can wait for it with select.
+        self.loaded, self._done = os.pipe()
         self._thread = threading.Thread(target=self._load, name="acp-bridge-load", daemon=True)
         self._thread.start()
 
@@ -157,6 +163,7 @@ class _Loader:
         with contextlib.suppress(Exception):
             for name in RUNTIME_MODULES:
                 importlib.import_module(name)
+        os.write(self._done, b".")
 
     def wait_for_adapters(self) -> None:
         """Wait until every built-in adapter is imported (or that failed)."""
@@ -166,6 +173,8 @@ class _Loader:
         """Wait until it is done. Should it have failed, the runtime imports again and
         reports the failure the usual way."""
         self._thread.join()
+        os.close(self.loaded)
+        os.close(self._done)
 
 
 def _read(fd: int) -> bytes:
@@ -296,7 +305,11 @@ def _answer(
     """Wait for the agent's answer and give the client its own; ``sent``: so far."""
     agent_read = b""
     while (answer_line := _first_line(agent_read)) is None:
-        ready, _, _ = select.select([ends.client_in, ends.agent_out], [], [])
+        ready, _, _ = select.select([ends.client_in, ends.agent_out, loader.loaded], [], [])
+        if loader.loaded in ready and ends.agent_out not in ready:
+            # The runtime is loaded and the agent still starts: the runtime can wait for
+            # the answer as well as this can, and be ready for what the client sends next.
+            return replace(sent, agent_first=agent_read)
         if ends.client_in in ready:
             # Whatever the client says now (more frames, or its EOF) is the runtime's to
             # handle, in the order the usual path would.

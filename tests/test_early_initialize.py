@@ -88,7 +88,7 @@ ANSWER_SPLIT = """
 import json, sys, time
 request = json.loads(sys.stdin.readline())
 text = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": {"protocolVersion": 1}})
-sys.stdout.write(text[:20]); sys.stdout.flush(); time.sleep(0.2)
+sys.stdout.write(text[:20]); sys.stdout.flush(); time.sleep(0.02)
 sys.stdout.write(text[20:] + "\\r\\n"); sys.stdout.flush()
 for line in sys.stdin:
     pass
@@ -195,6 +195,12 @@ def fake_agent(*args: str) -> Agent:
     return lambda record: [sys.executable, str(FAKE_AGENT), "--record", str(record), *args]
 
 
+def slowly(agent: Agent, seconds: float) -> Agent:
+    """``agent``, started ``seconds`` late."""
+    wait = f"import os, sys, time; time.sleep({seconds}); os.execv(sys.argv[1], sys.argv[1:])"
+    return lambda record: [sys.executable, "-c", wait, *agent(record)]
+
+
 def both_ways(
     tmp_path: Path,
     bridge_env: dict[str, str],
@@ -258,6 +264,18 @@ def test_the_agents_own_bytes_pass_unchanged(tmp_path: Path, bridge_env: dict[st
     # The agent wrote its answer in two pieces and ended it with \r\n; the client gets
     # the frame (the bridge writes \n-terminated lines).
     assert early.stdout == b'{"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1}}\n'
+
+
+def test_an_agent_that_starts_slowly_is_answered_by_the_runtime(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    """Once the runtime has loaded it waits for the answer itself, ready for the next
+    request (claude-agent-acp takes about a second to answer)."""
+    early, _ = both_ways(
+        tmp_path, bridge_env, slowly(fake_agent("--name", CLAUDE), 1.0),
+        [INITIALIZE, 1, SESSION_NEW, 2, "close"],
+    )  # fmt: skip
+    assert BEGUN in early.stderr
 
 
 def test_what_the_client_pipelines_is_left_to_the_runtime(
