@@ -271,7 +271,12 @@ def _exchange(ends: _Ends) -> Exchange:
         if not data or len(read) > LINE_LIMIT:
             return Exchange(client_first=read)
     request = _frame(line)
-    if request is None or request.kind is not Kind.REQUEST or request.method != "initialize":
+    if (
+        request is None
+        or request.kind is not Kind.REQUEST
+        or request.method != "initialize"
+        or request.id is None  # legal, but unusual enough to leave to the runtime
+    ):
         return Exchange(client_first=read)
     client_rest = read[len(line) :]
     # What the runtime writes for an unchanged request: its bytes without the terminator.

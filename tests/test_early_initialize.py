@@ -255,6 +255,17 @@ def test_the_early_answer_is_the_usual_one(
     assert early.status == 0
 
 
+@pytest.mark.parametrize("name", [CLAUDE, "goose", "plain"])
+def test_a_version_2_initialize(tmp_path: Path, bridge_env: dict[str, str], name: str) -> None:
+    initialize = b'{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":2}}\n'
+    early, _ = both_ways(
+        tmp_path, bridge_env, fake_agent("--name", name, "--caps", '{"session":{}}'),
+        [initialize, 1, "close"],
+    )  # fmt: skip
+    assert ANSWERED in early.stderr
+    assert "systemPrompt" in json.loads(early.stdout)["result"]["capabilities"]["session"]
+
+
 def test_the_agents_own_bytes_pass_unchanged(tmp_path: Path, bridge_env: dict[str, str]) -> None:
     early, _ = both_ways(
         tmp_path, bridge_env, recording(ANSWER_SPLIT), [INITIALIZE, 1, "close"],
@@ -370,8 +381,9 @@ def test_an_agent_that_never_answers(tmp_path: Path, bridge_env: dict[str, str])
         SESSION_NEW,
         b'{"jsonrpc":"2.0","method":"initialize","params":{}}\n',
         b'{"jsonrpc":"2.0","id":5,"result":{}}\n',
+        b'{"jsonrpc":"2.0","id":null,"method":"initialize","params":{"protocolVersion":1}}\n',
     ],
-    ids=["invalid", "blank", "session-new", "notification", "response"],
+    ids=["invalid", "blank", "session-new", "notification", "response", "null-id"],
 )
 def test_a_first_line_that_is_not_an_initialize_request(
     tmp_path: Path, bridge_env: dict[str, str], first: bytes
