@@ -23,7 +23,7 @@ goose answers ``session/fork`` although it does not advertise it; the adapter ad
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from acp_bridge.adapter import (
     Adapter,
@@ -36,8 +36,12 @@ from acp_bridge.adapter import (
 )
 from acp_bridge.capabilities import agent_name, is_v2
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
-from acp_bridge.system_prompt import SystemPrompt
 from acp_bridge.trace import redact_at
+
+if TYPE_CHECKING:
+    # Named only: choosing this adapter (even before the bridge has loaded) must not
+    # load the validation models.
+    from acp_bridge.system_prompt import SystemPrompt
 
 SET_METHOD: Final = "_goose/unstable/session/system-prompt/set"
 

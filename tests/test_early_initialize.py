@@ -499,7 +499,8 @@ def test_the_early_exchange_assumes_what_the_shipped_defaults_say() -> None:
     assert bridge.line_limit >= early_initialize.LINE_LIMIT
 
 
-def test_the_exchange_loads_no_heavy_module_before_the_answer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adapter", ["passthrough", "claude", "goose", "native", "first-turn"])
+def test_the_exchange_loads_no_heavy_module_before_the_answer(adapter: str) -> None:
     """With a named adapter, nothing of trio, pydantic, click or yaml is imported in the
     main thread before the answer is written (the loader thread imports them meanwhile)."""
     probe = (
@@ -514,12 +515,12 @@ def test_the_exchange_loads_no_heavy_module_before_the_answer(tmp_path: Path) ->
         "client_reads, client_out = os.pipe()\n"
         "early_initialize._Loader._load = staticmethod(lambda: None)\n"
         "done = early_initialize.exchange(client_in, client_out, agent.stdin.fileno(),"
-        " agent.stdout.fileno(), adapter='passthrough')\n"
+        " agent.stdout.fileno(), adapter=sys.argv[3])\n"
         "print(before, [m for m in heavy if m in sys.modules], done.answered)\n"
         "agent.kill()\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe, ANSWERS_THEN_NOTIFIES_LATER, INITIALIZE.decode()],
+        [sys.executable, "-c", probe, ANSWERS_THEN_NOTIFIES_LATER, INITIALIZE.decode(), adapter],
         capture_output=True, timeout=30, check=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )  # fmt: skip
