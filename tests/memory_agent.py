@@ -37,6 +37,7 @@ class MemoryAgent:
         *,
         session_capabilities: Mapping[str, Any] | None = None,
         name: str = "memory-agent",
+        commands_after_new: bool = False,
     ) -> None:
         MemoryAgent._pids += 1
         self.pid = MemoryAgent._pids
@@ -48,6 +49,7 @@ class MemoryAgent:
         self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received: list[Any] = []
         self.received_raw: list[bytes] = []
+        self.commands_after_new = commands_after_new
         self.unparsed: list[bytes] = []
         self.bytes_received = 0
         self._writing = trio.Lock()
@@ -135,7 +137,15 @@ class MemoryAgent:
             )
         elif method == "session/new":
             self._sessions += 1
-            await self._answer(request_id, {"sessionId": f"sess-{self._sessions}"})
+            session_id = f"sess-{self._sessions}"
+            await self._answer(request_id, {"sessionId": session_id})
+            if self.commands_after_new:
+                # As claude-agent-acp does: the session's commands right after its answer.
+                update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+                await self.send(
+                    {"jsonrpc": "2.0", "method": "session/update",
+                     "params": {"sessionId": session_id, "update": update}}
+                )  # fmt: skip
         elif method in ("session/load", "session/resume", "session/close", "session/delete"):
             await self._answer(request_id, {})
         elif method == "session/prompt":

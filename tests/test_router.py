@@ -238,3 +238,35 @@ def test_a_hop_that_exits_fails_its_client_requests_and_abandons_its_waiters() -
     # Later traffic for that process goes to the primary (routing falls back).
     wire.client(request("d", "x/y"))
     assert [m["id"] for m in wire.take(0)] == ["d"]
+
+
+def test_agent_frames_about_a_session_wait_until_its_intercepted_answer_is_sent() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    (start,) = wire.client(request(1, "session/new", cwd="/"))
+    waiter, _ = wire.router.forward(start.token, 0)
+    wire.take(0)
+    # The agent answers, then at once sends the new session's commands, an update of
+    # another session and a permission request of the new one.
+    (answered,) = wire.agent(0, result(1, {"sessionId": "new"}))
+    assert isinstance(answered, Answered) and answered.waiter == waiter
+    wire.agent(0, notification("session/update", sessionId="new", n=1))
+    wire.agent(0, notification("session/update", sessionId="old", n=2))
+    wire.agent(0, request("perm", "session/request_permission", sessionId="new"))
+    assert wire.take(CLIENT) == [notification("session/update", sessionId="old", n=2)]
+    # The runtime records the session, then answers: the rest follows, in order.
+    wire.router.answer(start.token, jsonrpc.encode(result(1, {"sessionId": "new"})))
+    assert [m.get("id", m.get("params", {}).get("n")) for m in wire.take(CLIENT)] == [1, 1, "perm"]
+    wire.agent(0, notification("session/update", sessionId="new", n=3))
+    assert wire.take(CLIENT) == [notification("session/update", sessionId="new", n=3)]
+
+
+def test_everything_the_agent_sends_after_its_initialize_answer_waits_for_the_bridges() -> None:
+    wire = Wire()
+    (start,) = wire.client(request(0, "initialize", protocolVersion=1))
+    wire.router.forward(start.token, 0)
+    wire.agent(0, result(0, {"protocolVersion": 1}))
+    wire.agent(0, notification("x/early"))
+    assert wire.take(CLIENT) == []
+    wire.router.answer(start.token, jsonrpc.encode(result(0, {"protocolVersion": 1})))
+    assert [m.get("id", m.get("method")) for m in wire.take(CLIENT)] == [0, "x/early"]

@@ -30,13 +30,14 @@ async def bridge_over_memory(
     *,
     adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
     agent_name: str = "memory-agent",
+    agent_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Wire, MemoryAgent]]:
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(":memory:")
     async with trio.open_nursery() as nursery:
-        spawner = MemorySpawner(nursery, name=agent_name)
+        spawner = MemorySpawner(nursery, name=agent_name, **(agent_options or {}))
         bridge = Bridge(
             BridgeOptions(agent_argv=["memory-agent"], shutdown_grace=0.5, **options),
             to_bridge_receive,
@@ -199,3 +200,18 @@ async def test_a_prompt_in_meta_from_an_older_client_is_validated_where_it_was_s
             assert (await client.receive())["result"]["sessionId"] == "sess-1"
     (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
     assert sent["params"]["_meta"] == {"other": 1}
+
+
+async def test_what_the_agent_sends_after_an_intercepted_answer_reaches_the_client_after_it() -> (
+    None
+):
+    # The agent answers session/new and at once sends the new session's commands (as
+    # claude-agent-acp does). The bridge records the session before it answers; the update
+    # must not overtake that answer, or the client sees a session it does not know yet.
+    async with bridge_over_memory(agent_options={"commands_after_new": True}) as (client, _):
+        for request_id in (1, 2, 3):
+            await client.send(new_session(request_id))
+            answer = await client.receive()
+            update = await client.receive()
+            assert answer["id"] == request_id, answer
+            assert update["params"]["sessionId"] == answer["result"]["sessionId"]

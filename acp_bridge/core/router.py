@@ -163,6 +163,12 @@ class Router:
         self._agent_requests: dict[RequestId, tuple[int, RequestId]] = {}
         self._agent_request_ids: dict[tuple[int, RequestId], RequestId] = {}
         self._client_facing = PendingTable()
+        # An agent answered an intercepted request whose client answer the runtime is still
+        # making (the hook runs on, the session is being recorded): what that process sends
+        # the client meanwhile about the same session waits, so it cannot overtake the
+        # answer (spec §2, order); after initialize, everything it sends waits.
+        self._answer_pending: dict[int, tuple[int, frozenset[str] | None]] = {}
+        self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
 
     # ------------------------------------------------------------------ hops
 
@@ -453,6 +459,7 @@ class Router:
         member = _body_member(envelope)
         return (
             member is not None
+            and hop not in self._held
             and self._streamable_from_agent(hop, envelope.members, member)
             and self.stream_ended_from_agent(hop, envelope)
         )
@@ -477,7 +484,9 @@ class Router:
 
     def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
         """Whether an agent line still arriving may be passed on to the client as it comes."""
-        return self._streamable_from_agent(hop, envelope.members, envelope.open_member)
+        return hop not in self._held and self._streamable_from_agent(
+            hop, envelope.members, envelope.open_member
+        )
 
     def _streamable_from_agent(
         self, hop: int, members: JsonObject, open_member: str | None
@@ -565,8 +574,49 @@ class Router:
         ):
             del self._client_inflight[client_id]
         self.sink(CLIENT, raw)
+        pending = self._answer_pending.pop(token, None)
+        if pending is not None and all(
+            hop != pending[0] for hop, _ in self._answer_pending.values()
+        ):
+            for held in self._held.pop(pending[0], []):
+                self.sink(CLIENT, held)
         self.gate.answered(token)
         return self._release()
+
+    def _hold_after_answer(self, token: int, hop: int, answer: JsonObject) -> None:
+        """The agent answered interception ``token``: hold what must not overtake it."""
+        frame = self._interceptions[token].frame
+        sessions: frozenset[str] | None = None  # None: everything (initialize)
+        if frame.method != INITIALIZE:
+            named = [frame.params.get("sessionId")]
+            result = answer.get("result")
+            if isinstance(result, dict):
+                named.append(result.get("sessionId"))
+            sessions = frozenset(name for name in named if isinstance(name, str))
+            if not sessions:
+                return
+        self._answer_pending[token] = (hop, sessions)
+        self._held.setdefault(hop, [])
+
+    def _to_client(self, hop: int, raw: bytes, message: Any) -> None:
+        """Send the client a frame of agent process ``hop``, unless it must wait (above)."""
+        held = self._held.get(hop)
+        if held is not None and self._must_wait(hop, message):
+            held.append(raw)
+        else:
+            self.sink(CLIENT, raw)
+
+    def _must_wait(self, hop: int, message: Any) -> bool:
+        for pending_hop, sessions in self._answer_pending.values():
+            if pending_hop != hop:
+                continue
+            if sessions is None:
+                return True
+            for member in message if isinstance(message, list) else [message]:
+                params = member.get("params") if isinstance(member, dict) else None
+                if isinstance(params, dict) and params.get("sessionId") in sessions:
+                    return True
+        return False
 
     def _release(self) -> list[Event]:
         events: list[Event] = []
@@ -596,7 +646,7 @@ class Router:
         kind = frame.kind
         if kind is Kind.NOTIFICATION and frame.message["method"] != CANCEL_REQUEST:
             # The bulk of the traffic (session/update): nothing to translate.
-            self.sink(CLIENT, frame.raw)
+            self._to_client(hop, frame.raw, frame.message)
             return NO_EVENTS
         events: list[Event] = []
         routed: tuple[Any, bool] | None
@@ -611,7 +661,7 @@ class Router:
             return events
         if routed is not None:
             message, changed = routed
-            self.sink(CLIENT, jsonrpc.encode(message) if changed else frame.raw)
+            self._to_client(hop, jsonrpc.encode(message) if changed else frame.raw, message)
         return events
 
     def pass_notifications_from_agent(
@@ -623,6 +673,8 @@ class Router:
 
         The same rule as the first one of :meth:`receive_from_agent`, for any process.
         """
+        if self._held:
+            return start, None  # line by line: some must wait behind an answer
         end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
             self.sink(CLIENT, b"\n".join(lines[start:end]))
@@ -646,6 +698,9 @@ class Router:
             return message, False
         if isinstance(origin, ForWaiter):
             events.append(Answered(origin.waiter, frame or classify_message(message)))
+            for token, interception in self._interceptions.items():
+                if interception.forwarded_as == (hop, wire_id):
+                    self._hold_after_answer(token, hop, message)
             return None
         client_id = origin.client_id
         if self._client_inflight.get(client_id) == (hop, wire_id):
@@ -686,4 +741,4 @@ class Router:
             kept.append(message)
         if not kept:
             return
-        self.sink(CLIENT, jsonrpc.encode(kept) if changed else frame.raw)
+        self._to_client(hop, jsonrpc.encode(kept) if changed else frame.raw, kept)
