@@ -513,6 +513,10 @@ class Bridge:
                 await trio.sleep(SETTLE_POLL)
         with trio.move_on_after(FINAL_DRAIN):
             await self.flush_client()
+            # An answer another task is still writing (it took the frames already) must
+            # not be cut off by the cancellation that follows.
+            with contextlib.suppress(*WRITE_FAILED):
+                await self.client_outbox.settle()
 
     async def _refuse_client(self, failure: AgentStartError) -> int:
         """The agent cannot start: answer the client's requests with why, until it leaves.
