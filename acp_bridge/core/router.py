@@ -614,7 +614,8 @@ class Router:
                 return True
             for member in message if isinstance(message, list) else [message]:
                 params = member.get("params") if isinstance(member, dict) else None
-                if isinstance(params, dict) and params.get("sessionId") in sessions:
+                named = params.get("sessionId") if isinstance(params, dict) else None
+                if isinstance(named, str) and named in sessions:
                     return True
         return False
 
