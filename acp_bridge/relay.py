@@ -79,8 +79,11 @@ from acp_bridge.trace import Tracer
 
 log = logging.getLogger("acp_bridge")
 
-# Reads are this large at most; lines are reassembled by the splitter.
-READ_CHUNK: Final = 1 << 20
+# Reads are this large at most; lines are reassembled by the splitter. Measured
+# (bench/README.md, "Large frames"): smaller reads let a large frame's pieces overlap
+# with the pipe on either side, larger ones cost fewer wake-ups; 128 KiB did best for
+# 1 MiB and 16 MiB frames alike, kept a slow reader's cost flat and notifications fast.
+READ_CHUNK: Final = 1 << 17
 LongItem = LongLineStart | LongLinePart | LongLineEnd
 # After the agent exits, how long its stdout may stay silent before it counts as closed.
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
