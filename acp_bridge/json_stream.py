@@ -386,17 +386,17 @@ def _escape_safe_cut(text: str, pos: int) -> int:
     """The last position from ``pos`` at which string text can be cut without splitting
     an escape (``\\x`` or ``\\uXXXX``) that may still be completed by the next piece."""
     cut = len(text)
+    # Only an escape begun in the last five characters can be incomplete.
     backslash = text.rfind("\\", max(pos, cut - 6), cut)
-    while backslash >= 0:
-        run_start = backslash
-        while run_start > pos and text[run_start - 1] == "\\":
-            run_start -= 1
-        if (backslash - run_start) % 2 == 0:  # this backslash starts an escape
-            length = 6 if backslash + 1 < cut and text[backslash + 1] == "u" else 2
-            if backslash + length > cut or (backslash + 1 == cut):
-                return backslash
-        break
-    return cut
+    if backslash < 0:
+        return cut
+    run_start = backslash
+    while run_start > pos and text[run_start - 1] == "\\":
+        run_start -= 1
+    if (backslash - run_start) % 2:
+        return cut  # it is the escaped character of the backslash before it
+    length = 6 if backslash + 1 < cut and text[backslash + 1] == "u" else 2
+    return backslash if backslash + length > cut else cut
 
 
 def _number_goes_on(text: str, after: int) -> bool:
