@@ -278,6 +278,32 @@ class LongLine:
             self.outbox.abort_line()
 
 
+@dataclass(slots=True)
+class LongLineRoute:
+    """What differs between the two directions a long line passes in, and the line in
+    progress on one pump (see ``Bridge._pass_long_line``)."""
+
+    open: Callable[[Envelope], tuple[Outbox, int] | None]
+    """Where a line with this start may go as it arrives (its outbox and hop), or None."""
+    record: Callable[[LongLine, Envelope], bool]
+    """The router records the complete line; False: it cannot go on unchanged after all."""
+    cut: Callable[[LongLine, FrameError], None]
+    """Tell whoever must know that the line was cut."""
+    current: LongLine | None = None
+
+    async def abandon(self) -> LongLine | None:
+        """Cut the line in progress short (it went over the limit); the line, if any."""
+        line, self.current = self.current, None
+        if line is not None:
+            await line.end(b"")
+        return line
+
+    def release(self) -> None:
+        """The pump is ending: give back the outbox a line in progress holds."""
+        if self.current is not None:
+            self.current.stop_writing()
+
+
 class AgentConnection:
     """One agent process as adapters see it (implements ``AgentLink``)."""
 
@@ -660,7 +686,9 @@ class Bridge:
 
     async def _pump_client(self) -> None:
         splitter = self._splitter()
-        long_line: LongLine | None = None
+        route = LongLineRoute(
+            self._open_client_line, self._record_client_line, self._cut_client_line
+        )
         try:
             while True:
                 try:
@@ -677,19 +705,15 @@ class Bridge:
                     if isinstance(item, Line):
                         self._from_client(item.data)
                     elif isinstance(item, OverlongLine):
-                        request_id = None
-                        if long_line is not None:
-                            request_id = _request_id(long_line)
-                            await long_line.end(b"")
-                            long_line = None
+                        cut = await route.abandon()
                         self._answer_client_error(
-                            request_id,
+                            None if cut is None else _request_id(cut),
                             jsonrpc.INVALID_REQUEST,
                             f"The message is {item.size} bytes, more than the line limit "
                             f"of {splitter.limit} bytes.",
                         )
                     else:
-                        long_line = await self._client_long_line(splitter, long_line, item)
+                        await self._pass_long_line(splitter, route, item)
                 await self.flush_all()
                 if not data:
                     log.debug("client closed its input")
@@ -697,57 +721,65 @@ class Bridge:
                     await self._shutdown(self._status_after_client_left)
                     return
         finally:
-            if long_line is not None:
-                long_line.stop_writing()
+            route.release()
 
     def _answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
         self._sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
 
-    async def _client_long_line(
-        self, splitter: LineSplitter, line: LongLine | None, item: LongItem
-    ) -> LongLine | None:
-        """Pass on a long client line as it arrives; the line in progress after ``item``."""
+    def _open_client_line(self, envelope: Envelope) -> tuple[Outbox, int] | None:
+        hop = self.router.stream_from_client(envelope)
+        return None if hop is None else (self.links[hop].outbox, hop)
+
+    def _record_client_line(self, line: LongLine, envelope: Envelope) -> bool:
+        return self.router.stream_ended_from_client(line.hop, envelope)
+
+    def _cut_client_line(self, line: LongLine, error: FrameError) -> None:
+        log.warning("cut a long line from the client: %s", error.message)
+        self._answer_client_error(_request_id(line), error.code, error.message)
+
+    async def _pass_long_line(
+        self, splitter: LineSplitter, route: LongLineRoute, item: LongItem
+    ) -> None:
+        """Pass on a long line as it arrives, in either direction (``route``)."""
         if isinstance(item, LongLineStart):
             validator = LineValidator()
             try:
                 validator.feed(item.data)
+                target = route.open(validator.envelope)
             except FrameError:
-                hop = None
-            else:
-                hop = self.router.stream_from_client(validator.envelope)
-            if hop is None:
+                target = None
+            if target is None:
                 splitter.hold(item.data)
-                return None
-            line = LongLine(validator, self.links[hop].outbox, hop)
+                return
+            started = route.current = LongLine(validator, *target)
             try:
-                await line.outbox.begin_line()
+                await started.outbox.begin_line()
             except WRITE_FAILED:
-                line.writing = False
-            await line.write(item.data)
-            return line
+                started.writing = False
+            await started.write(item.data)
+            return
+        line = route.current
         assert line is not None
         try:
             line.validator.feed(item.data)
             if isinstance(item, LongLinePart):
                 await line.write(item.data)
-                return line
-            envelope = line.validator.finish()
-            if not self.router.stream_ended_from_client(line.hop, envelope):
+                return
+            if not route.record(line, line.validator.finish()):
                 raise FrameError(
                     jsonrpc.INVALID_REQUEST,
                     "The bridge could not pass the message on as it came: a member after its "
                     "large one changes how it must be routed.",
                 )
         except FrameError as exc:
-            request_id = _request_id(line)
+            route.current = None
             await line.end(b"")
             if isinstance(item, LongLinePart):
                 splitter.discard_rest()
-            log.warning("cut a long line from the client: %s", exc.message)
-            self._answer_client_error(request_id, exc.code, exc.message)
-            return None
+            route.cut(line, exc)
+            return
+        route.current = None
         await line.end(item.data)
-        return None
 
     def _lines(
         self,
@@ -863,19 +895,22 @@ class Bridge:
     async def _read_agent(
         self, link: AgentConnection, exited: trio.Event, read_scope: list[trio.CancelScope]
     ) -> None:
-        long_line: list[LongLine] = []  # the line in progress, if any
+        route = LongLineRoute(
+            functools.partial(self._open_agent_line, link),
+            functools.partial(self._record_agent_line, link),
+            functools.partial(self._cut_agent_line, link),
+        )
         try:
-            await self._read_agent_lines(link, exited, read_scope, long_line)
+            await self._read_agent_lines(link, exited, read_scope, route)
         finally:
-            for line in long_line:
-                line.stop_writing()
+            route.release()
 
     async def _read_agent_lines(
         self,
         link: AgentConnection,
         exited: trio.Event,
         read_scope: list[trio.CancelScope],
-        long_line: list[LongLine],
+        route: LongLineRoute,
     ) -> None:
         splitter = self._splitter()
         stream = link.process.stdout
@@ -904,69 +939,33 @@ class Bridge:
                 if isinstance(item, Line):
                     self._from_agent(link, item.data)
                 elif isinstance(item, OverlongLine):
-                    if long_line:
-                        line = long_line.pop()
-                        await line.end(b"")
-                        self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
+                    if (cut := await route.abandon()) is not None:
+                        self.router.stream_cut_from_agent(link.hop, cut.validator.envelope)
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
                 else:
-                    await self._agent_long_line(link, splitter, long_line, item)
+                    await self._pass_long_line(splitter, route, item)
             # An agent pump writes only to the client.
             await self.flush_client()
             if not data:
                 break
 
-    async def _agent_long_line(
-        self,
-        link: AgentConnection,
-        splitter: LineSplitter,
-        long_line: list[LongLine],
-        item: LongItem,
-    ) -> None:
-        """Pass on a long agent line to the client as it arrives."""
-        if isinstance(item, LongLineStart):
-            validator = LineValidator()
-            try:
-                validator.feed(item.data)
-                streamable = not self.client_gone and self.router.stream_from_agent(
-                    link.hop, validator.envelope
-                )
-            except FrameError:
-                streamable = False
-            if not streamable:
-                splitter.hold(item.data)
-                return
-            line = LongLine(validator, self.client_outbox, CLIENT)
-            long_line.append(line)
-            try:
-                await line.outbox.begin_line()
-            except WRITE_FAILED:
-                line.writing = False
-            await line.write(item.data)
-            return
-        line = long_line[0]
-        try:
-            line.validator.feed(item.data)
-            if isinstance(item, LongLinePart):
-                await line.write(item.data)
-                return
-            envelope = line.validator.finish()
-            if not self.router.stream_ended_from_agent(link.hop, envelope):
-                raise FrameError(
-                    jsonrpc.INVALID_REQUEST, "a member after its large one changes its routing"
-                )
-        except FrameError as exc:
-            long_line.clear()
-            await line.end(b"")
-            if isinstance(item, LongLinePart):
-                splitter.discard_rest()
-            log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, exc.message)
-            self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
-            return
-        long_line.clear()
-        await line.end(item.data)
+    def _open_agent_line(
+        self, link: AgentConnection, envelope: Envelope
+    ) -> tuple[Outbox, int] | None:
+        if self.client_gone or not self.router.stream_from_agent(link.hop, envelope):
+            return None
+        return self.client_outbox, CLIENT
+
+    def _record_agent_line(
+        self, link: AgentConnection, _line: LongLine, envelope: Envelope
+    ) -> bool:
+        return self.router.stream_ended_from_agent(link.hop, envelope)
+
+    def _cut_agent_line(self, link: AgentConnection, line: LongLine, error: FrameError) -> None:
+        log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, error.message)
+        self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
 
     def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
         events = self.router.receive_from_agent(link.hop, frame)
