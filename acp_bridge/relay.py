@@ -53,7 +53,6 @@ from acp_bridge.core.router import (
 from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_STREAM_AFTER,
-    JOIN_LIMIT,
     Item,
     Line,
     LineSplitter,
@@ -170,10 +169,8 @@ class Outbox:
         outbox is the caller's until :meth:`end_line` (or :meth:`abort_line`)."""
         await self._lock.acquire()
         self.in_line = True
-        frames, self.frames = self.frames, []
         try:
-            for buffer in join_lines(frames):
-                await self.stream.send_all(buffer)
+            await self._write_queued()
         except BaseException:
             self.abort_line()
             raise
@@ -185,12 +182,7 @@ class Outbox:
     async def end_line(self, data: bytes) -> None:
         """Write the line's last bytes and its newline, then what was queued meanwhile."""
         try:
-            await self.stream.send_all(data + b"\n" if len(data) < JOIN_LIMIT else data)
-            if len(data) >= JOIN_LIMIT:
-                await self.stream.send_all(b"\n")
-            frames, self.frames = self.frames, []
-            for buffer in join_lines(frames):
-                await self.stream.send_all(buffer)
+            await self._write_queued(data)
         finally:
             self.abort_line()
 
@@ -211,11 +203,18 @@ class Outbox:
         except trio.WouldBlock:
             await self._lock.acquire()
         try:
-            frames, self.frames = self.frames, []
-            for buffer in join_lines(frames):
-                await self.stream.send_all(buffer)
+            await self._write_queued()
         finally:
             self._lock.release()
+
+    async def _write_queued(self, line_end: bytes | None = None) -> None:
+        """Write the queued frames (after ``line_end``, the rest of a line passed on), as
+        newline-terminated lines in as few writes as :func:`join_lines` makes them."""
+        frames, self.frames = self.frames, []
+        if line_end is not None:
+            frames.insert(0, line_end)
+        for buffer in join_lines(frames):
+            await self.stream.send_all(buffer)
 
     async def settle(self) -> None:
         """Flush, and wait for a write another task has in progress."""
