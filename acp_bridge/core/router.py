@@ -135,13 +135,13 @@ def _single_kind(message: Any) -> Kind | None:
         return None
 
 
-def _body_member(envelope: Envelope) -> str | None:
-    """Where a complete message's large part is: ``params``, or ``result`` for an answer."""
+def _is_message(envelope: Envelope) -> bool:
+    """Whether a complete line's envelope is a single JSON-RPC message."""
     try:
-        kind = envelope.kind()
+        envelope.kind()
     except jsonrpc.FrameError:
-        return None
-    return "result" if kind is Kind.RESPONSE else "params"
+        return False
+    return True
 
 
 class Router:
@@ -447,20 +447,15 @@ class Router:
         """A long client line that arrived whole, judged valid JSON without being decoded:
         if it goes on unchanged, record it and return its hop; None: decode and receive it
         the usual way."""
-        if len(self.hops) != 1 or self.gate.active or self.hops[PRIMARY].closed:
-            return None
-        member = _body_member(envelope)
-        if member is None or not self._streamable_from_client(envelope.members, member):
+        if self.gate.active or self.hops[PRIMARY].closed or not _is_message(envelope):
             return None
         return PRIMARY if self.stream_ended_from_client(PRIMARY, envelope) else None
 
     def pass_whole_from_agent(self, hop: int, envelope: Envelope) -> bool:
         """The same for a long agent line: True if it was recorded and goes on unchanged."""
-        member = _body_member(envelope)
         return (
-            member is not None
-            and hop not in self._held
-            and self._streamable_from_agent(hop, envelope.members, member)
+            hop not in self._held
+            and _is_message(envelope)
             and self.stream_ended_from_agent(hop, envelope)
         )
 
