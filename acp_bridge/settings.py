@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from acp_bridge.framing import DEFAULT_STREAM_AFTER
+from acp_bridge.framing import DEFAULT_LINE_LIMIT, DEFAULT_STREAM_AFTER
 from acp_bridge.launch import default_config_file
 from acp_bridge.store import MEMORY, SessionStore
 from acp_bridge.system_prompt import DEFAULT_MAX_PROMPT_BYTES
@@ -48,7 +48,6 @@ _Loader: TypeAlias = "type[yaml.SafeLoader] | type[yaml.CSafeLoader]"
 # when PyYAML was built with it (they are valid, and the tests hold both loaders to the
 # same result). A user's file keeps the pure-Python loader, whose messages its errors quote.
 _SHIPPED_LOADER: Final[_Loader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
 
 Key = str | int
 KeyPath = tuple[Key, ...]
