@@ -326,9 +326,8 @@ def _answer(
             return replace(sent, agent_first=agent_read)
     unanswered = replace(sent, agent_first=agent_read)
     if len(agent_read) > len(answer_line):
-        # More came with the answer. The runtime hands an answer to the task that
-        # intercepted the request and forwards the frames after it at once, so those reach
-        # the client first; the runtime does it, so the order stays what it always is.
+        # More came with the answer: the runtime answers, and holds what came after the
+        # agent's answer until its own is sent; the exchange handles a lone answer only.
         return unanswered
     response = _frame(answer_line)
     if response is None or response.kind is not Kind.RESPONSE or response.id != request.id:
