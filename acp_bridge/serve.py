@@ -173,6 +173,10 @@ def without_token(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "params": params}
 
 
+def as_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def check_token(line: bytes, token: str) -> bytes | None:
     """The initialize line without the token if it carries the right one, else None."""
     message = parse_initialize(line)
@@ -181,7 +185,9 @@ def check_token(line: bytes, token: str) -> bytes | None:
     presented = presented_token(message)
     if not isinstance(presented, str):
         return None
-    if not hmac.compare_digest(presented.encode(), token.encode()):
+    # "surrogatepass": a lone surrogate is valid JSON ("\\ud800") but has no UTF-8 form; it
+    # must compare unequal, not raise.
+    if not hmac.compare_digest(as_bytes(presented), as_bytes(token)):
         return None
     return encode_changed(without_token(message))
 
@@ -251,6 +257,7 @@ class Server:
         self.connections = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve one connection; whatever goes wrong in it ends that connection only."""
         try:
             if self.connections >= self.limits.max_connections:
                 log.warning(
@@ -270,6 +277,9 @@ class Server:
                 self.connections -= 1
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             log.info("connection dropped")
+        except Exception:
+            # trio.serve_listeners would end the server, and every other connection, with it.
+            log.exception("a connection failed; the server goes on")
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()

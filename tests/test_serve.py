@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from acp_bridge.client import ClientRequestError, connect
+from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.relay import BridgeOptions
 from acp_bridge.serve import (
@@ -73,6 +74,9 @@ def test_token_is_checked_and_removed_before_the_agent_sees_it() -> None:
     assert json.loads(forwarded)["params"] == {"protocolVersion": 1}
     assert check_token(b'{"jsonrpc":"2.0","id":0,"method":"initialize"}', "s3cret") is None
     assert check_token(b"not json", "s3cret") is None
+    lone_surrogate = line.replace(b"s3cret", b"\\ud800")
+    assert b'"\\ud800"' in lone_surrogate
+    assert check_token(lone_surrogate, "s3cret") is None
 
 
 async def test_each_unix_connection_gets_its_own_agent(tmp_path: Path) -> None:
@@ -332,3 +336,56 @@ async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
             process.terminate()
     assert answers[0] == -32000
     assert answers[1]["protocolVersion"] == 1
+
+
+async def test_a_token_that_cannot_be_encoded_is_refused_and_the_server_stays(
+    tmp_path: Path,
+) -> None:
+    # "\ud800" is valid JSON for a lone surrogate, which has no UTF-8 encoding.
+    line = (
+        b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":1,'
+        b'"_meta":{"acp-bridge":{"token":"\\ud800"}}}}\n'
+    )
+    server = make_server(tmp_path, token="s3cret")
+    with trio.fail_after(20):
+        async with running(server, TCP) as address:
+            stream = await open_stream(address)
+            await stream.send_all(line)
+            refusal = json.loads(await receive_all(stream))
+            assert refusal["id"] == 7 and refusal["error"]["code"] == -32000
+            await stream.aclose()
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": "s3cret"}}}
+                await client.request("initialize", params)
+            await stream.aclose()
+
+
+async def test_one_connection_that_fails_does_not_end_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = Lifecycle.for_command
+    calls = 0
+
+    def fail_once(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a fault in one connection")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Lifecycle, "for_command", fail_once)
+    with trio.fail_after(20):
+        async with running(make_server(tmp_path), TCP) as address:
+            broken = await open_stream(address)
+            await broken.send_all(
+                b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+            )
+            assert await receive_all(broken) == b""
+            await broken.aclose()
+            stream = await open_stream(address)
+            async with connect(stream, stream) as client:
+                await client.request("initialize", {"protocolVersion": 1})
+            await stream.aclose()
+    assert calls == 2
+    assert "a fault in one connection" in caplog.text
