@@ -104,6 +104,25 @@ async def test_overlong_client_line_gets_invalid_request_and_bridge_keeps_servin
             assert b'"long"' not in agent_received(bridge)
 
 
+@pytest.mark.parametrize("method", [b'["x"]', b"{}"], ids=["list", "object"])
+async def test_batch_member_with_a_method_that_is_not_a_string_is_refused_alone(
+    open_bridge: OpenBridge, method: bytes
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            await bridge.send_line(
+                b'[{"jsonrpc":"2.0","id":1,"method":%s},'
+                b'{"jsonrpc":"2.0","id":2,"method":"_test/echo","params":{"n":2}}]' % method
+            )
+            first, second = await bridge.receive(), await bridge.receive()
+            answers = [*(first if isinstance(first, list) else [first])]
+            answers += second if isinstance(second, list) else [second]
+            by_id = {answer["id"]: answer for answer in answers}
+            assert by_id[1]["error"]["code"] == INVALID_REQUEST
+            assert "result" in by_id[2]
+            await still_serving(bridge)
+
+
 async def test_unhashable_cancel_request_id_passes_through_without_harm(
     open_bridge: OpenBridge,
 ) -> None:

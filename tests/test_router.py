@@ -167,6 +167,28 @@ def test_malformed_batch_member_is_answered_by_the_bridge_and_the_rest_goes() ->
     assert error["error"]["code"] == jsonrpc.INVALID_REQUEST
 
 
+def test_batch_member_whose_method_is_not_a_string_is_answered_with_its_id() -> None:
+    # A list or an object where the method goes is no JSON-RPC request: it gets -32600
+    # under its own id and the other members still go, whether or not methods are
+    # intercepted (the check for intercepted methods once hashed the value and crashed).
+    for intercepted in (frozenset({"initialize"}), LIFECYCLE):
+        for odd in (["x"], {}, {"a": [1]}, 1, None, True):
+            wire = Wire()
+            wire.router.intercepted = intercepted
+            wire.client([{"jsonrpc": "2.0", "id": 1, "method": odd}, request(2, "x/y")])
+            assert wire.take(0) == [[request(2, "x/y")]]
+            (error,) = wire.take(CLIENT)
+            assert (error["id"], error["error"]["code"]) == (1, jsonrpc.INVALID_REQUEST)
+            wire.client(request(3, "x/y"))
+            assert wire.take(0) == [request(3, "x/y")]
+
+
+def test_agent_batch_member_whose_method_is_not_a_string_is_dropped() -> None:
+    wire = Wire()
+    wire.agent(0, [{"jsonrpc": "2.0", "id": 1, "method": ["x"]}, notification("x/n")])
+    assert wire.take(CLIENT) == [[notification("x/n")]]
+
+
 def test_initialize_holds_every_client_frame_until_it_is_answered() -> None:
     wire = Wire()
     (start,) = wire.client(request(0, "initialize", protocolVersion=1))

@@ -125,14 +125,15 @@ def cancelled_request(message: JsonObject) -> JsonObject | None:
     return None
 
 
-def _single_kind(message: Any) -> Kind | None:
-    """A batch member's kind by the rules of :func:`jsonrpc.classify_message`; None: malformed."""
+def _member_kind(message: Any) -> Kind | jsonrpc.FrameError:
+    """A batch member's kind by the rules of :func:`jsonrpc.classify_message`, or why it is
+    not a JSON-RPC message (with its id when that could be read)."""
     if not isinstance(message, dict):
-        return None
+        return jsonrpc.FrameError(jsonrpc.INVALID_REQUEST, "A batch member is not an object.")
     try:
         return classify_message(message, b"").kind
-    except jsonrpc.FrameError:
-        return None
+    except jsonrpc.FrameError as exc:
+        return exc
 
 
 def _is_message(envelope: Envelope) -> bool:
@@ -329,10 +330,11 @@ class Router:
 
     def _client_batch(self, frame: Frame) -> None:
         members: list[Any] = frame.message
+        kinds = [_member_kind(member) for member in members]
         intercepted = [
             member
-            for member in members
-            if isinstance(member, dict) and member.get("method") in self.intercepted
+            for member, kind in zip(members, kinds, strict=True)
+            if kind in (Kind.REQUEST, Kind.NOTIFICATION) and member["method"] in self.intercepted
         ]
         if intercepted:
             # Refused whole: answering part of it would split what the client sent as one.
@@ -355,8 +357,7 @@ class Router:
             return
         groups: dict[int, list[Any]] = {}
         changed = False
-        for member in members:
-            kind = _single_kind(member)
+        for member, kind in zip(members, kinds, strict=True):
             routed: tuple[int, Any, bool] | None
             if kind is Kind.REQUEST:
                 routed = self._client_request(member)
@@ -365,10 +366,14 @@ class Router:
             elif kind is Kind.RESPONSE:
                 routed = self._client_response(member)
             else:
-                # The bridge answers a malformed member itself: nothing but JSON-RPC reaches
-                # the agent, and the batch's other members still go.
+                # The bridge answers a malformed member itself (under its id when it has a
+                # readable one): nothing but JSON-RPC reaches the agent, and the batch's
+                # other members still go.
+                assert isinstance(kind, jsonrpc.FrameError)
                 self._answer_error(
-                    None, jsonrpc.INVALID_REQUEST, "A batch member is not a JSON-RPC message."
+                    kind.request_id,
+                    jsonrpc.INVALID_REQUEST,
+                    f"A batch member is not a JSON-RPC message: {kind.message}",
                 )
                 routed = None
             if routed is None:
@@ -718,7 +723,7 @@ class Router:
         kept: list[Any] = []
         changed = False
         for member in frame.message:
-            kind = _single_kind(member)
+            kind = _member_kind(member)
             routed: tuple[Any, bool] | None
             if kind is Kind.NOTIFICATION:
                 routed = self._agent_notification(hop, member)
