@@ -7,9 +7,11 @@ fd 1 is pointed at stderr, so a stray print from any library cannot corrupt the 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -47,6 +49,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 
 
 DEFAULT_COMMAND: Final = "run"
+# ctx.meta key: the default command runs without the user having named it.
+IMPLICIT_DEFAULT: Final = "acp_bridge.implicit_default"
 
 
 class BridgeGroup(click.Group):
@@ -57,10 +61,11 @@ class BridgeGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         known = {*self.commands, *LAZY_COMMANDS}
-        if args and args[0] not in known and args[0] not in ("--help", "-h", "--version"):
+        if not args or (args[0] not in known and args[0] not in ("--help", "--version")):
+            if args:
+                refuse_mistyped_command(ctx, args, known)
+            ctx.meta[IMPLICIT_DEFAULT] = True
             args = [DEFAULT_COMMAND, *args]
-        elif not args:
-            args = [DEFAULT_COMMAND]
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -99,6 +104,46 @@ class BridgeGroup(click.Group):
             found = getattr(module, factory)
             self.add_command(found if isinstance(found, click.Command) else found(), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+
+def refuse_mistyped_command(ctx: click.Context, args: Sequence[str], known: set[str]) -> None:
+    """A usage error for a first word close to a command's name that cannot be meant as the
+    agent command: no executable of that name is on PATH, or ``--agent`` follows it.
+    (After ``--`` every word is the agent command; click never sees this one then.)"""
+    word = args[0]
+    if word.startswith("-"):
+        return
+    close = difflib.get_close_matches(word, sorted(known), n=1)
+    if not close:
+        return
+    with_preset = any(arg == "--agent" or arg.startswith("--agent=") for arg in args[1:])
+    if shutil.which(word) is None or with_preset:
+        raise click.UsageError(
+            f"No such command {word!r}. Did you mean {close[0]!r}? "
+            f"(An agent command of that name goes after --.)",
+            ctx,
+        )
+
+
+class DefaultCommandContext(click.Context):
+    """The context of the default command: when the user did not name it, its usage
+    lines and hints show the command line as typed (``acp-bridge``, not ``acp-bridge run``)."""
+
+    @property
+    def command_path(self) -> str:
+        if self.meta.get(IMPLICIT_DEFAULT) and self.parent is not None:
+            return self.parent.command_path
+        return super().command_path
+
+
+class DefaultCommand(click.Command):
+    context_class = DefaultCommandContext
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get(IMPLICIT_DEFAULT) and ctx.parent is not None:
+            ctx.parent.command.format_usage(ctx.parent, formatter)
+        else:
+            super().format_usage(ctx, formatter)
 
 
 @dataclass(frozen=True)
@@ -368,9 +413,7 @@ def main() -> None:
     """
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@main.command(cls=DefaultCommand, context_settings={"allow_interspersed_args": False})
 @_common_options
 @click.option("--trace", "trace_file", type=click.Path(path_type=Path), help="JSONL frame log.")
 @click.option("--trace-prompts", is_flag=True, help="Keep system prompt text in the trace.")
@@ -442,7 +485,7 @@ async def run_check(runtime: Runtime) -> dict[str, Any]:
     }
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings={"allow_interspersed_args": False})
 @_common_options
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 @click.argument("agent_cmd", nargs=-1, type=click.UNPROCESSED)
@@ -469,7 +512,7 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     click.echo(f"advertised: systemPrompt {json.dumps(report['advertised'])}")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings={"allow_interspersed_args": False})
 @_common_options
 @click.option(
     "--listen",

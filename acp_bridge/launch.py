@@ -209,7 +209,8 @@ def main() -> None:
         sys.exit(128 + signal.SIGINT)
     from acp_bridge.cli import main as cli_main
 
-    cli_main()
+    # The name the user typed, also when started as ``python -m acp_bridge``.
+    cli_main(prog_name="acp-bridge")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -876,7 +876,7 @@ def command() -> click.Command:
 
     @click.command(
         "verify",
-        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+        context_settings={"allow_interspersed_args": False},
     )
     @_common_options
     @click.option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +230,78 @@ def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path
     answer = json.loads(done.stdout.splitlines()[0])
     assert answer["id"] == 1
     assert "GOOSE_BINARY" in json.dumps(answer["error"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--agnet", "claude"],
+        ["--state", ":memory:", "--agnet", "claude"],
+        ["check", "--agnet", "claude"],
+        ["verify", "--agnet", "claude"],
+        ["serve", "--listen", "unix:sock", "--agnet", "claude"],
+    ],
+)
+def test_a_mistyped_option_is_a_usage_error_not_the_agent(args: list[str]) -> None:
+    done = run_bridge(args, b"")
+    assert done.returncode == 2, done.stderr
+    # click's own words (8.5: "No such option '--agnet'. Did you mean '--agent'?").
+    error = done.stderr.decode().splitlines()[-1]
+    assert error.startswith("Error: No such option") and "--agnet" in error, error
+    assert "Did you mean" in error and "--agent" in error, error
+    assert b"could not be started" not in done.stderr and done.stdout == b""
+
+
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [
+        (["chek", "--agent", "claude"], b"'check'"),
+        (["verfy", "--agent", "claude"], b"'verify'"),
+        (["sesions"], b"'sessions'"),
+        (["serv", "--listen", "unix:sock"], b"'serve'"),
+    ],
+)
+def test_a_mistyped_command_is_a_usage_error_suggesting_it(
+    args: list[str], suggestion: bytes
+) -> None:
+    done = run_bridge(args, b"")
+    assert done.returncode == 2, done.stderr
+    assert f"No such command '{args[0]}'.".encode() in done.stderr
+    assert b"Did you mean " + suggestion in done.stderr
+    assert b"could not be started" not in done.stderr and done.stdout == b""
+
+
+def test_an_installed_agent_named_like_a_command_still_runs(tmp_path: Path) -> None:
+    """Close to ``serve``, but an executable on PATH and no --agent: the agent command."""
+    script = tmp_path / "serv"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_AGENT}\n")
+    script.chmod(0o755)
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "serv"],
+        input=init,
+        capture_output=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"]["agentInfo"]["name"] == "fake-agent"
+
+
+def test_after_double_dash_a_word_like_a_command_is_the_agent_command() -> None:
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    done = run_bridge(["--state", ":memory:", "--", "chek", "--agent", "claude"], init)
+    assert done.returncode != 2, done.stderr
+    assert b"The agent command 'chek' could not be started" in done.stderr
+
+
+def test_a_bare_command_shows_the_usage_the_user_typed() -> None:
+    done = run_bridge([], b"")
+    assert done.returncode == 2
+    usage = done.stderr.decode()
+    assert "acp-bridge run" not in usage, usage
+    assert "Usage: acp-bridge [OPTIONS] [--] AGENT_CMD..." in usage
+    assert "Try 'acp-bridge --help' for help." in usage
+    assert "no agent: give --agent NAME or an agent command after --" in usage
