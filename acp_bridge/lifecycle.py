@@ -1,7 +1,9 @@
 """Session lifecycle state for one bridge connection, backed by the durable store.
 
-The relay decides *when* state changes (after the agent accepted a request); this class
-only binds the store to the agent identity, which is known once ``initialize`` returned.
+What changes and when is decided by :mod:`acp_bridge.core.sessions`, which hands the
+runtime its store writes as values; this class carries them out (:meth:`Lifecycle.apply`,
+called off the event loop) and binds the store to the agent identity, which is known once
+``initialize`` returned.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from acp_bridge.core.sessions import Forget, MarkClosed, SaveSession, SetDelivered, StoreWrite
 from acp_bridge.store import SessionRecord, SessionStore
 from acp_bridge.system_prompt import SystemPrompt
 
@@ -22,6 +25,18 @@ class Lifecycle:
     def for_command(cls, store: SessionStore, argv: Sequence[str]) -> Lifecycle:
         """Keyed by the command's name until ``initialize`` tells the agent's own name."""
         return cls(store, Path(argv[0]).name)
+
+    def apply(self, write: StoreWrite) -> None:
+        """Carry out one write the session table asked for; raises ``StoreError``."""
+        if isinstance(write, SaveSession):
+            save = self.save_new if write.new_conversation else self.save
+            save(write.session_id, write.prompt, parent_id=write.parent_id)
+        elif isinstance(write, MarkClosed):
+            self.set_live(write.session_id, False)
+        elif isinstance(write, SetDelivered):
+            self.set_delivered(write.session_id, write.fingerprint)
+        elif isinstance(write, Forget):
+            self.forget(write.session_id)
 
     def get(self, session_id: str) -> SessionRecord | None:
         return self.store.get(self.agent, session_id)

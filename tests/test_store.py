@@ -294,3 +294,29 @@ def test_concurrent_processes_lose_no_sessions(tmp_path: Path) -> None:
                 assert got.parent_id == f"w{writer}"
                 expected = got.prompt.fingerprint() if n % 10 == 0 else None
                 assert got.delivered == expected
+
+
+def test_each_write_of_the_session_table_reaches_the_store(store: SessionStore) -> None:
+    from acp_bridge.core.sessions import Forget, MarkClosed, SaveSession, SetDelivered
+    from acp_bridge.lifecycle import Lifecycle
+
+    lifecycle = Lifecycle(store, "agent")
+    lifecycle.apply(SaveSession("parent", PROMPT))
+    lifecycle.apply(SetDelivered("parent", "fp"))
+    lifecycle.apply(SaveSession("child", PROMPT, parent_id="parent", new_conversation=True))
+    child = lifecycle.get("child")
+    assert child is not None and (child.prompt, child.parent_id, child.live) == (
+        PROMPT,
+        "parent",
+        True,
+    )
+    lifecycle.apply(SaveSession("parent", None))  # the same conversation: delivered stays
+    parent = lifecycle.get("parent")
+    assert parent is not None and (parent.prompt, parent.delivered) == (None, "fp")
+    lifecycle.apply(SaveSession("parent", PROMPT, new_conversation=True))  # the id reused
+    parent = lifecycle.get("parent")
+    assert parent is not None and parent.delivered is None
+    lifecycle.apply(MarkClosed("child"))
+    assert lifecycle.get("child").live is False  # type: ignore[union-attr]
+    lifecycle.apply(Forget("child"))
+    assert lifecycle.get("child") is None

@@ -1,8 +1,11 @@
-"""The sans-IO protocol core: routing, pending requests and per-session order.
+"""The sans-IO protocol core: routing, pending requests, per-session order and the session table.
 
 Nothing in this package touches a stream, a process, a clock or the session database.
 :class:`~acp_bridge.core.router.Router` takes parsed frames and where they came from, writes
 the bytes each peer must get through a sink it is given, and returns the few events the
-runtime must act on (start an interception, wake a waiter). The trio runtime
-(:mod:`acp_bridge.relay`) does the I/O around it.
+runtime must act on (start an interception, wake a waiter).
+:class:`~acp_bridge.core.sessions.SessionTable` holds the lifecycle rules: what an
+intercepted request runs with, and what must be stored or sent to the agent once it is
+answered, returned as values. The trio runtime (:mod:`acp_bridge.relay`) does the I/O
+around both.
 """
