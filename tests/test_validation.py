@@ -33,6 +33,7 @@ from harness import (
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import (
     DEFAULT_MAX_PROMPT_BYTES,
+    MAX_PROMPT_BLOCKS,
     PromptRejected,
     SystemPrompt,
     parse_system_prompt,
@@ -240,11 +241,10 @@ async def test_prompt_limit_is_configurable(tmp_path: Path) -> None:
             agent, "--config", str(config), "--state", ":memory:", home=tmp_path
         ) as peer:
             await peer.initialize()
-            # Ten bytes are fine, eleven are not; "é" counts as the two bytes it takes.
-            await peer.new(wire_prompt("12345", "6789é"[:-1] + "0"))
-            await reject_on_every_method(
-                peer, wire_prompt("12345", "6789é"), "systemPrompt.content"
-            )
+            # Ten bytes are fine, eleven are not; "é" counts as the two bytes it takes, and
+            # the blank line that joins two blocks as the two it adds to what is delivered.
+            await peer.new(wire_prompt("1234", "5678"))
+            await reject_on_every_method(peer, wire_prompt("1234", "567é"), "systemPrompt.content")
             await peer.sync()
     assert len(agent.params_of("session/new")) == 1
 
@@ -347,6 +347,41 @@ def test_parse_keeps_blocks_in_order_and_joins_them_with_a_blank_line() -> None:
     parsed = parse_system_prompt(wire_prompt(" one ", "two\n", "three"), override_allowed=False)
     assert parsed == SystemPrompt.of_text("append", " one ", "two\n", "three")
     assert parsed.text == " one \n\ntwo\n\n\nthree"
+
+
+def test_parse_counts_the_blank_lines_that_join_blocks() -> None:
+    # 131,072 + 131,071 bytes of text fit 256 KiB, but what is delivered has two more.
+    halves = ("x" * (DEFAULT_MAX_PROMPT_BYTES // 2), "x" * (DEFAULT_MAX_PROMPT_BYTES // 2 - 1))
+    with pytest.raises(PromptRejected) as caught:
+        parse_system_prompt(wire_prompt(*halves), override_allowed=False)
+    assert caught.value.field == "systemPrompt.content"
+    assert str(DEFAULT_MAX_PROMPT_BYTES + 1) in caught.value.message
+    fits = ("x" * (DEFAULT_MAX_PROMPT_BYTES // 2 - 1),) * 2
+    parsed = parse_system_prompt(wire_prompt(*fits), override_allowed=False)
+    assert parsed is not None and len(parsed.text) == DEFAULT_MAX_PROMPT_BYTES
+
+
+def test_parse_bounds_the_number_of_blocks() -> None:
+    # A million empty blocks are 2 MB of blank lines once joined, and a model object each.
+    flood = wire_prompt(*[""] * 1_000_000, "x")
+    with pytest.raises(PromptRejected) as caught:
+        parse_system_prompt(flood, override_allowed=False)
+    assert caught.value.field == "systemPrompt.content"
+    assert_one_sentence(caught.value.message)
+    assert f"at most {MAX_PROMPT_BLOCKS} blocks" in caught.value.message
+    most = parse_system_prompt(wire_prompt(*["a"] * MAX_PROMPT_BLOCKS), override_allowed=False)
+    assert most is not None and len(most.content) == MAX_PROMPT_BLOCKS
+
+
+async def test_too_many_blocks_are_rejected_through_the_bridge(tmp_path: Path) -> None:
+    agent = FakeAgent(tmp_path / "agent.jsonl")
+    with trio.fail_after(TIMEOUT), SessionStore(":memory:") as store:
+        async with bridge_in_process(agent, store) as peer:
+            await peer.initialize()
+            flood = wire_prompt(*[""] * MAX_PROMPT_BLOCKS, "x")
+            await reject_on_every_method(peer, flood, "systemPrompt.content")
+            await assert_agent_saw_no_lifecycle_request(peer, agent)
+        assert store.list() == []
 
 
 def test_parse_counts_bytes_not_characters() -> None:
