@@ -53,7 +53,7 @@ from acp_bridge.adapter import (
 )
 from acp_bridge.agent_process import AgentStartError
 from acp_bridge.capabilities import agent_name
-from acp_bridge.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonObject
+from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
 
 # How often the pool looks whether a process it started has exited on its own.
@@ -68,6 +68,25 @@ class ProcessConfig:
     """Extra arguments; no prompt text here where the agent allows any other route."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables."""
+
+
+def check_process_config(config: ProcessConfig, prompt: SystemPrompt, agent_label: str) -> None:
+    """Refuse a prompt that made ``config`` something no process can be started with.
+
+    A NUL (U+0000) is valid in JSON text, but arguments and environment strings are C
+    strings: the client gets ``-32602`` naming the block, not a failed start.
+    """
+    routes = (("command line", config.args), ("environment", [*config.env, *config.env.values()]))
+    for route, strings in routes:
+        if any("\0" in value for value in strings):
+            index = next((i for i, b in enumerate(prompt.content) if "\0" in b.text), None)
+            field = "systemPrompt.content" + ("" if index is None else f"[{index}].text")
+            raise PromptRefused(
+                f"{agent_label} takes this system prompt on its {route}, which cannot carry "
+                "a NUL character (U+0000).",
+                {"field": field},
+                INVALID_PARAMS,
+            )
 
 
 class PrivateDir:
@@ -303,6 +322,7 @@ class PoolAdapter(Adapter):
         private = PrivateDir.create(f"acp-bridge-{self.name}-", self.private_root())
         try:
             config = self.process_config(prompt, private)
+            check_process_config(config, prompt, self.agent_label)
             await self._make_room()
             try:
                 link = await self.context.spawn_agent(

@@ -11,7 +11,8 @@ the project's ``QWEN.md``/``AGENTS.md``), ``---``, the appended prompt, ``---``,
 * **append**: a process started with ``--append-system-prompt <text>``. qwen 0.24.4 reads
   the appended prompt from its command line only (no setting, file or variable feeds it),
   so this text is visible in the process list to other local users; qwen trims it.
-  The bridge never writes it to its own logs.
+  The bridge never writes it to its own logs. A text holding a NUL (U+0000), which no
+  argument can carry, is refused by the pool with ``-32602`` naming the block.
 
 qwen keeps conversations on disk but not the flags a process ran with, so a
 ``session/load`` or ``session/resume`` (also after a bridge restart) lands in the process

@@ -23,6 +23,7 @@ import trio
 import trio.testing
 
 from acp_bridge.adapter import AgentError, AgentLink, Reply
+from acp_bridge.agent_process import AgentStartError
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.pool import (
     PoolAdapter,
@@ -105,6 +106,10 @@ class FakeContext:
         extra_env: dict[str, str] | None = None,
         private_files: Sequence[str] = (),
     ) -> AgentLink:
+        strings = [*extra_args, *(extra_env or {}).keys(), *(extra_env or {}).values()]
+        if any("\x00" in value for value in strings):
+            # What the relay's spawn says (subprocess's ValueError), as execve would refuse.
+            raise AgentStartError("agent", "embedded null byte")
         self.private_files.extend(private_files)
         process = FakeProcess(f"agent-{len(self.processes)}", list(extra_args), extra_env or {})
         process.received.append(("initialize", {"protocolVersion": 1}))  # the replay
@@ -272,6 +277,31 @@ async def test_a_prompt_the_adapter_refuses_gets_its_error_and_leaves_nothing(
         }
         assert len(pool.context.processes) == 1
         assert list(private_dirs.iterdir()) == []
+
+
+class ArgvPool(FilePool):
+    """A pool adapter whose agent reads the prompt from its command line."""
+
+    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        return ProcessConfig(args=[f"--prompt={prompt.text}"])
+
+
+async def test_a_prompt_an_argument_cannot_carry_is_refused_naming_the_block(
+    private_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ArgvPool, "private_root", lambda self: private_dirs)
+    async with trio.open_nursery() as nursery:
+        context = FakeContext(nursery)
+        adapter = ArgvPool(context)
+        prompt = SystemPrompt.of_text("append", "fine", "a\x00b")
+        call = FakeCall("session/new", {}, context.primary, prompt=prompt)
+        reply = await adapter.session_new(call)
+        await adapter.aclose()
+        nursery.cancel_scope.cancel()
+    assert reply.error is not None and reply.error["code"] == INVALID_PARAMS
+    assert reply.error["data"] == {"field": "systemPrompt.content[1].text"}
+    assert len(context.processes) == 1
+    assert list(private_dirs.iterdir()) == []
 
 
 async def test_reopen_under_another_prompt_closes_the_session_where_it_was(
