@@ -31,6 +31,17 @@ class Delivery:
 
     append: bool = True
     override: bool = False
+    custom_modes: tuple[str, ...] = ()
+    """Modes of the agent's own (``_``-prefixed, advertised in its capability's ``mode``
+    map) that the adapter passes on untouched: the schema leaves them to implementations."""
+
+    def accepts(self, mode: str) -> bool:
+        """Whether a prompt in ``mode`` can be delivered."""
+        if mode == "append":
+            return self.append
+        if mode == "override":
+            return self.override
+        return mode in self.custom_modes
 
 
 class ReopenLimit(str):

@@ -9,6 +9,7 @@ answer: the runtime and the early exchange (:mod:`acp_bridge.early_initialize`) 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from acp_bridge import __version__
@@ -37,14 +38,28 @@ def session_capabilities(initialize_result: JsonObject) -> JsonObject:
     return caps if isinstance(caps, dict) else {}
 
 
+def native_modes(initialize_result: JsonObject) -> JsonObject:
+    """The agent's own ``systemPrompt.mode`` map: mode name -> its (object) capability."""
+    advertised = session_capabilities(initialize_result).get("systemPrompt")
+    modes = advertised.get("mode") if isinstance(advertised, dict) else None
+    if not isinstance(modes, dict):
+        return {}
+    # An object advertises a mode; null or anything else does not (the schema's reading).
+    return {name: value for name, value in modes.items() if isinstance(value, dict)}
+
+
 def native_delivery(initialize_result: JsonObject) -> Delivery | None:
-    """What the agent itself advertises for systemPrompt, if anything."""
+    """What the agent itself advertises for systemPrompt, if anything.
+
+    Its ``_``-prefixed modes are the implementation's own (the schema reserves them so):
+    an adapter that passes the field on may pass those too.
+    """
     advertised = session_capabilities(initialize_result).get("systemPrompt")
     if not isinstance(advertised, dict):
         return None
-    mode = advertised.get("mode")
-    override = isinstance(mode, dict) and isinstance(mode.get("override"), dict)
-    return Delivery(append=True, override=override)
+    modes = native_modes(initialize_result)
+    custom = tuple(name for name in modes if name.startswith("_"))
+    return Delivery(append=True, override="override" in modes, custom_modes=custom)
 
 
 def agent_name(initialize_result: JsonObject) -> str | None:
@@ -72,13 +87,21 @@ def advertise(
     # In v2 a `session` object means "supports the session methods"; never invent it.
     if delivery is not None and (isinstance(session, dict) or not v2):
         session = dict(session) if isinstance(session, dict) else {}
-        advertised: JsonObject = {"mode": {"override": {}}} if delivery.override else {}
-        session["systemPrompt"] = advertised
+        session["systemPrompt"] = advertised_capability(initialize_result, delivery)
         caps[session_key] = session
     elif isinstance(session, dict) and "systemPrompt" in session:
         # The bridge intercepts the field, so it must not promise what it cannot deliver.
         caps[session_key] = {k: v for k, v in session.items() if k != "systemPrompt"}
     return {**initialize_result, caps_key: caps}
+
+
+def advertised_capability(initialize_result: JsonObject, delivery: Delivery) -> JsonObject:
+    """The ``systemPrompt`` capability for ``delivery``: ``mode.override`` when it is
+    delivered, and each custom mode passed on with the agent's own value for it."""
+    modes: JsonObject = {"override": {}} if delivery.override else {}
+    own = native_modes(initialize_result)
+    modes.update({name: own.get(name, {}) for name in delivery.custom_modes})
+    return {"mode": modes} if modes else {}
 
 
 def initialize_answer(
@@ -91,6 +114,6 @@ def initialize_answer(
     if delivery is None:
         return None, None
     if not allow_override:
-        delivery = Delivery(append=delivery.append, override=False)
+        delivery = dataclasses.replace(delivery, override=False)
     adjusted = adapter.adjust_capabilities(copy.deepcopy(initialize_result))
     return delivery, advertise(adjusted, delivery, adapter=adapter.name)

@@ -1083,6 +1083,10 @@ class Bridge:
         intercepted = {"initialize"}
         if delivery is not None:
             intercepted.update(m for m in HOOKS if m != "session/prompt")
+            if capabilities.is_v2(result):
+                # Version 2 has no session/load (the prompt rides on new, resume and fork):
+                # whatever a client sends under that name is not the bridge's to change.
+                intercepted.discard("session/load")
             if self.adapter.intercepts_prompt:
                 intercepted.add("session/prompt")
         self.router.intercepted = frozenset(intercepted)
@@ -1107,6 +1111,7 @@ class Bridge:
                 raw_prompt,
                 override_allowed=self.delivery.override,
                 max_bytes=self.options.max_prompt_bytes,
+                custom_modes=self.delivery.custom_modes,
             )
         except PromptRejected as rejected:
             if source == "systemPrompt":
@@ -1117,6 +1122,17 @@ class Bridge:
         call.client_sent_prompt = prompt is not None
         if prompt is None and self.options.on_omitted == "keep":
             prompt = call.previous
+            if prompt is not None and not self.delivery.accepts(prompt.mode):
+                # Stored under another adapter or policy (an agent's own mode, override
+                # before --no-override): this agent gets its default, as if none was stored.
+                log.warning(
+                    "%s: the stored %s prompt of session %s cannot be delivered here; "
+                    "the agent's default applies",
+                    call.method,
+                    prompt.mode,
+                    call.session_id,
+                )
+                prompt = None
         call.prompt = prompt
 
     async def _store(self, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -30,6 +31,8 @@ BLOCK_JOIN: Final = "\n\n"
 LIFECYCLE_METHODS: Final = ("session/new", "session/load", "session/resume", "session/fork")
 
 Mode = Literal["append", "override"]
+"""The modes the bridge itself delivers. A stored or passed-on prompt may carry an agent's
+own ``_``-prefixed mode too (``parse_system_prompt``'s ``custom_modes``)."""
 
 
 class TextBlock(BaseModel):
@@ -46,7 +49,7 @@ class SystemPrompt(BaseModel):
     # declared field would also claim a key named after its attribute, such as "meta".
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    mode: Mode
+    mode: str
     content: tuple[TextBlock, ...]
 
     @property
@@ -98,8 +101,14 @@ def parse_system_prompt(
     *,
     override_allowed: bool,
     max_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
+    custom_modes: Collection[str] = (),
 ) -> SystemPrompt | None:
-    """Validate a ``systemPrompt`` value from request params; ``None`` means none was given."""
+    """Validate a ``systemPrompt`` value from request params; ``None`` means none was given.
+
+    ``custom_modes``: ``_``-prefixed modes the agent advertises itself and the adapter
+    passes on untouched; any other mode than append and override is refused (the schema:
+    an unsupported mode is an error, never taken as append or override).
+    """
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -107,7 +116,7 @@ def parse_system_prompt(
     mode = value.get("mode")
     if not isinstance(mode, str):
         raise PromptRejected("The systemPrompt mode must be a string.", f"{FIELD}.mode")
-    if mode not in ("append", "override"):
+    if mode not in ("append", "override") and mode not in custom_modes:
         raise PromptRejected(f"The systemPrompt mode {mode!r} is not supported.", f"{FIELD}.mode")
     if mode == "override" and not override_allowed:
         raise PromptRejected(
