@@ -133,11 +133,11 @@ class Peer(relay_bench.Peer):
 # ------------------------------------------------------------------ figures
 
 
-def start_to_initialize(peer: Peer, pid: int | None) -> dict[str, float]:
+def start_to_initialize(peer: Peer, pid: int | None, key: str = "start") -> dict[str, float]:
     peer.initialize()
-    figures = {"start": (time.perf_counter() - peer.started) * 1000}
+    figures = {key: (time.perf_counter() - peer.started) * 1000}
     if pid is not None:
-        figures["start_cpu"] = cpu_seconds(pid) * 1000
+        figures[f"{key}_cpu"] = cpu_seconds(pid) * 1000
     return figures
 
 
@@ -249,6 +249,8 @@ class Figure:
 FIGURES: Final = (
     Figure("start", "start -> initialize answer", "ms", False, 1),
     Figure("start_cpu", "relay CPU until the initialize answer", "ms", False, 1),
+    Figure("auto", "start -> initialize answer, adapter chosen", "ms", False, 1),
+    Figure("auto_cpu", "relay CPU until that answer", "ms", False, 1),
     Figure("rtt50", "round trip p50", "us", False, 1),
     Figure("rtt99", "round trip p99", "us", False, 1),
     Figure("rtt_cpu", "relay CPU per round trip", "us", False, 1),
@@ -337,12 +339,16 @@ def claude_setup(work: Path) -> Iterator[tuple[list[str], dict[str, str], Path]]
 Measure = Callable[[Peer, "int | None"], dict[str, float]]
 
 
-def measure(setup: Setup, path: str, job: Measure, *, claude: bool = False) -> dict[str, float]:
+def measure(
+    setup: Setup, path: str, job: Measure, *, claude: bool = False, auto: bool = False
+) -> dict[str, float]:
     if claude:
         argv = setup.argv(path, setup.claude, [])
         env = setup.claude_env
     else:
-        argv = setup.argv(path, [sys.executable, str(ECHO_AGENT)], ["--adapter", "passthrough"])
+        # auto: the default command line, the adapter chosen from the initialize answer.
+        options = [] if auto else ["--adapter", "passthrough"]
+        argv = setup.argv(path, [sys.executable, str(ECHO_AGENT)], options)
         env = setup.env
     cwd = setup.conductor_dir if path == "conductor" else None
     peer = Peer(argv, env, cwd)
@@ -357,6 +363,7 @@ def run(args: argparse.Namespace, setup: Setup) -> Results:
     quick = args.quick
     jobs: list[tuple[str, Measure, bool]] = [
         ("start", start_to_initialize, False),
+        ("auto", lambda p, pid: start_to_initialize(p, pid, "auto"), False),
         ("rtt", lambda p, pid: round_trip(p, 500 if quick else 2000, pid), False),
         ("notes_c2a", lambda p, pid: notes_to_agent(p, 20_000 if quick else 50_000, pid), False),
         ("notes_a2c", lambda p, pid: notes_to_client(p, 20_000 if quick else 50_000, pid), False),
@@ -374,7 +381,7 @@ def run(args: argparse.Namespace, setup: Setup) -> Results:
         for name, job, claude in jobs:
             for path in order:
                 started = time.perf_counter()
-                results.add(path, measure(setup, path, job, claude=claude))
+                results.add(path, measure(setup, path, job, claude=claude, auto=name == "auto"))
                 if args.verbose:
                     elapsed = time.perf_counter() - started
                     print(f"  round {round_number + 1} {name} {path}: {elapsed:.1f} s",
@@ -443,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 5, 1 with --quick")
     parser.add_argument("--quick", action="store_true", help="fewer and smaller samples")
     parser.add_argument("--only", nargs="+", metavar="FIGURE",
-                        choices=["start", "rtt", "notes_c2a", "notes_a2c", "mib1", "mib16",
+                        choices=["start", "auto", "rtt", "notes_c2a", "notes_a2c", "mib1", "mib16",
                                  "slow", "claude"])  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="time each measurement")
     args = parser.parse_args(argv)
