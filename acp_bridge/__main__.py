@@ -1,5 +1,34 @@
-"""``python -m acp_bridge`` is the ``acp-bridge`` command."""
+"""The ``acp-bridge`` command (the console entry, and ``python -m acp_bridge``).
 
-from acp_bridge.launch import main
+The agent is started, and the client's ``initialize`` answered, before anything heavy is
+imported where the command line allows it (:mod:`acp_bridge.launch`); then the command
+line proper takes over (:mod:`acp_bridge.cli`). This module sits above both: the library
+never imports it.
+"""
 
-main()
+from __future__ import annotations
+
+import signal
+import sys
+
+from acp_bridge import launch
+
+
+def main() -> None:
+    """The ``acp-bridge`` command."""
+    args = sys.argv[1:]
+    launch.start_early(args)
+    try:
+        launch.exchange_early(args)
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting for the agent: as the run command ends on it before it
+        # listens for signals (the agent is stopped on the way out).
+        sys.exit(128 + signal.SIGINT)
+    from acp_bridge.cli import main as cli_main
+
+    # The name the user typed, also when started as ``python -m acp_bridge``.
+    cli_main(prog_name="acp-bridge")
+
+
+if __name__ == "__main__":
+    main()

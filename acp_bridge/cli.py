@@ -24,6 +24,7 @@ import trio
 
 from acp_bridge import __version__, launch
 from acp_bridge.agent_process import AgentProcess, AgentStartError, widen_pipe
+from acp_bridge.stdio import claim_stdout
 
 if TYPE_CHECKING:
     from acp_bridge.handover import Replay
@@ -283,15 +284,6 @@ def open_store(path: str) -> SessionStore:
         return SessionStore(path)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-def claim_stdout() -> int:
-    """Reserve the real stdout for ACP; anything else written to fd 1 goes to stderr."""
-    sys.stdout.flush()
-    acp_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return acp_fd
 
 
 async def run_stdio(

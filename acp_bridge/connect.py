@@ -260,7 +260,7 @@ def check_token_file_mode(path: Path) -> None:
 
 def command(address: str, token_file: Path | None, log_level: str) -> None:
     """``acp-bridge connect``: resolve the options, then relay stdio to the sidecar."""
-    from acp_bridge.cli import claim_stdout
+    from acp_bridge.stdio import claim_stdout
 
     acp_fd = claim_stdout()
     logging.basicConfig(

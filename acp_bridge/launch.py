@@ -21,6 +21,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
+from acp_bridge import builtin_adapters
+
 if TYPE_CHECKING:
     from acp_bridge.early_initialize import Exchange
 
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 ON_OMITTED: Final = ("keep", "default")
 USER_FILE_NAME: Final = "config.yaml"
-ADAPTERS_PACKAGE: Final = "acp_bridge.adapters"
 
 # Options of the run command that do not change how the agent is started, with whether
 # they take a value. --agent is not here: a preset names its own command. --adapter is
@@ -84,27 +85,9 @@ def agent_command(args: Sequence[str]) -> list[str] | None:
         return None
     argv, options = parsed
     adapter = options.get("--adapter")
-    if adapter is not None and adapter != "auto" and builtin_adapter_module(adapter) is None:
+    if adapter is not None and adapter != "auto" and builtin_adapters.module_of(adapter) is None:
         return None  # the usual path finds it among the user's adapters, or refuses it
     return argv
-
-
-def builtin_adapter_module(name: str) -> str | None:
-    """The module of the built-in adapter ``name``, found without importing any adapter.
-
-    Each built-in adapter lives in the module named after it, ``-`` spelt ``_`` (a test
-    holds every built-in adapter to this).
-    """
-    module = name.replace("-", "_")
-    if not module.isidentifier():
-        return None
-    import importlib.util
-
-    spec = importlib.util.find_spec(ADAPTERS_PACKAGE)
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        if os.path.isfile(os.path.join(folder, module + ".py")):
-            return f"{ADAPTERS_PACKAGE}.{module}"
-    return None
 
 
 def default_config_file(environ: Mapping[str, str] | None = None) -> str:
@@ -193,25 +176,3 @@ def exchange_early(args: Sequence[str]) -> None:
             allow_override="--no-override" not in options,
         )
     )
-
-
-def main() -> None:
-    """The ``acp-bridge`` command."""
-    import sys
-
-    args = sys.argv[1:]
-    start_early(args)
-    try:
-        exchange_early(args)
-    except KeyboardInterrupt:
-        # Ctrl-C while waiting for the agent: as the run command ends on it before it
-        # listens for signals (the agent is stopped on the way out).
-        sys.exit(128 + signal.SIGINT)
-    from acp_bridge.cli import main as cli_main
-
-    # The name the user typed, also when started as ``python -m acp_bridge``.
-    cli_main(prog_name="acp-bridge")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

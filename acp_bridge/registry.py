@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
+from acp_bridge import builtin_adapters
 from acp_bridge.adapter import Adapter
 from acp_bridge.capabilities import native_delivery
 from acp_bridge.jsonrpc import JsonObject
@@ -48,9 +49,9 @@ def _adapters_in(module: ModuleType) -> list[type[Adapter]]:
 
 
 def _builtin_modules() -> Iterable[ModuleType]:
-    package = importlib.import_module("acp_bridge.adapters")
+    package = importlib.import_module(builtin_adapters.PACKAGE)
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        yield importlib.import_module(f"acp_bridge.adapters.{info.name}")
+        yield importlib.import_module(f"{builtin_adapters.PACKAGE}.{info.name}")
 
 
 def _user_modules(folder: Path) -> Iterable[ModuleType]:
@@ -72,11 +73,9 @@ def builtin(name: str) -> type[Adapter]:
 
     A built-in adapter lives in the module named after it (``first-turn`` in
     ``first_turn.py``), so the bridge can check a name given on the command line, and use
-    it, without loading every adapter (:func:`acp_bridge.launch.builtin_adapter_module`).
+    it, without loading every adapter (:func:`acp_bridge.builtin_adapters.module_of`).
     """
-    from acp_bridge.launch import builtin_adapter_module
-
-    module_name = builtin_adapter_module(name)
+    module_name = builtin_adapters.module_of(name)
     if module_name is not None:
         for adapter in _adapters_in(importlib.import_module(module_name)):
             if adapter.name == name:

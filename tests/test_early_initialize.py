@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from conftest import FAKE_AGENT, pid_alive
 
-from acp_bridge import early_initialize, launch, registry
+from acp_bridge import builtin_adapters, early_initialize, registry
 
 INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
 SESSION_NEW = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
@@ -481,9 +481,9 @@ def test_a_configuration_file_leaves_initialize_to_the_runtime(
 
 def test_every_builtin_adapter_lives_in_the_module_named_after_it() -> None:
     for name, adapter in registry.AdapterRegistry().adapters.items():
-        assert launch.builtin_adapter_module(name) == adapter.__module__
+        assert builtin_adapters.module_of(name) == adapter.__module__
         assert registry.builtin(name) is adapter
-    assert launch.builtin_adapter_module("claud") is None
+    assert builtin_adapters.module_of("claud") is None
     with pytest.raises(registry.AdapterNotFound):
         registry.builtin("claud")
 

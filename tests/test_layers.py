@@ -1,0 +1,151 @@
+"""The layers hold: no import cycles among the project's modules, and a core without I/O.
+
+Read from the source with ``ast``, so every import counts: those inside functions (which
+defer loading but still tie the modules together) and those under ``TYPE_CHECKING``.
+The top-level ``adapters/`` folder is installed as ``acp_bridge.adapters`` and is named so.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The sans-IO core: the modules that would bring threads, processes, sockets, the
+# database or an event loop into it.
+IO_MODULES = frozenset({"trio", "subprocess", "sqlite3", "socket", "threading", "asyncio"})
+
+
+def project_modules(root: Path) -> dict[str, Path]:
+    """Module name -> file, for ``acp_bridge/**`` and ``adapters/*`` under ``root``."""
+    found: dict[str, Path] = {}
+    for folder, package in ((root / "acp_bridge", "acp_bridge"), (root / "adapters", None)):
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            prefix = [package] if package else ["acp_bridge", "adapters"]
+            found[".".join(prefix + parts)] = path
+    return found
+
+
+def imported_names(module: str, path: Path) -> Iterator[tuple[str, int]]:
+    """Every name ``path`` imports, anywhere in the file (``from a import b``: ``a`` and
+    ``a.b``), with its line."""
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            yield source, node.lineno
+            for alias in node.names:
+                yield f"{source}.{alias.name}", node.lineno
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (the longest known prefix of each name)."""
+    modules = project_modules(root)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = graph.setdefault(module, set())
+        for name, _ in imported_names(module, path):
+            parts = name.split(".")
+            for end in range(len(parts), 0, -1):
+                target = ".".join(parts[:end])
+                if target in modules:
+                    # A package importing its own submodule is no cycle: the submodule's
+                    # import of the package finds it already initialised.
+                    if target != module and not target.startswith(module + "."):
+                        edges.add(target)
+                    break
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (the
+    strongly connected components of more than one module; Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles(import_graph(ROOT))
+    assert cycles == [], "\n".join(
+        f"import cycle of {len(group)} modules: {', '.join(group)}" for group in cycles
+    )
+
+
+def test_the_library_does_not_import_the_command_line() -> None:
+    """Only the console entry imports ``acp_bridge.cli``, and the command modules it
+    loads by name (``verify``, which reuses the run command's options)."""
+    importers = {
+        module for module, targets in import_graph(ROOT).items() if "acp_bridge.cli" in targets
+    }
+    assert importers <= {"acp_bridge.__main__", "acp_bridge.verify"}
+
+
+def test_the_core_imports_no_io() -> None:
+    modules = project_modules(ROOT)
+    found = [
+        f"{module} line {line}: {name}"
+        for module, path in modules.items()
+        if module.startswith("acp_bridge.core")
+        for name, line in imported_names(module, path)
+        if name.split(".")[0] in IO_MODULES
+    ]
+    assert [module for module in modules if module.startswith("acp_bridge.core.")]
+    assert found == []
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "acp_bridge"
+    (package / "core").mkdir(parents=True)
+    (tmp_path / "adapters").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "core" / "__init__.py").write_text("")
+    (package / "core" / "a.py").write_text("from . import b\n")
+    (package / "core" / "b.py").write_text("def f():\n    from acp_bridge import c\n")
+    (package / "c.py").write_text("def g():\n    import acp_bridge.core.a\n")
+    (tmp_path / "adapters" / "d.py").write_text("from acp_bridge.core import a\n")
+
+    graph = import_graph(tmp_path)
+
+    assert graph["acp_bridge.adapters.d"] == {"acp_bridge.core", "acp_bridge.core.a"}
+    assert import_cycles(graph) == [["acp_bridge.c", "acp_bridge.core.a", "acp_bridge.core.b"]]
