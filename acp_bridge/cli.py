@@ -52,6 +52,9 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 DEFAULT_COMMAND: Final = "run"
 # ctx.meta key: the default command runs without the user having named it.
 IMPLICIT_DEFAULT: Final = "acp_bridge.implicit_default"
+# A command's summary in --help is its help's first sentence; this only guards against a
+# help text without one.
+SUMMARY_LIMIT: Final = 200
 
 
 class BridgeGroup(click.Group):
@@ -97,6 +100,18 @@ class BridgeGroup(click.Group):
         with formatter.section("Options"):
             formatter.write_dl(records)
         self.format_commands(ctx, formatter)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with the first sentence of its help, whole: the definition list
+        wraps it, where click would cut it to one line."""
+        rows = [
+            (name, command.get_short_help_str(limit=SUMMARY_LIMIT))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -360,13 +361,19 @@ class VerifyRun:
                 len(known) + 1, STEP_TIMEOUT, flavour=self.plan.flavour
             )
 
-    def check(self, row: Row, request: RecordedRequest, expect: Expect) -> None:
+    def check(
+        self, row: Row, request: RecordedRequest, expect: Expect, names: dict[str, str]
+    ) -> None:
         system = request.system_text()
         share = self.default.share_in(system)
         failures = [m for m in expect.present if m not in system]
         failures += [m for m in expect.absent if m in system]
         default_ok = share >= KEPT_AT_LEAST if expect.default == "kept" else share <= GONE_AT_MOST
-        seen = [f"{'has' if m in system else 'no'} {m}" for m in (*expect.present, *expect.absent)]
+        # Markers by their role in the step, as the expectation names them.
+        seen = [
+            f"{'has' if m in system else 'no'} {names.get(m, m)}"
+            for m in (*expect.present, *expect.absent)
+        ]
         seen.append(f"default {share:.0%}")
         seen.append(f"{len(system)} ch")
         row.observed = "; ".join(seen)
@@ -412,7 +419,7 @@ class VerifyRun:
             except (ClientRequestError, ConnectionLost, trio.TooSlowError, TimeoutError) as exc:
                 row.observed = f"error: {_describe_error(exc)}"
                 return None
-            self.check(row, request, expect)
+            self.check(row, request, expect, names)
             if limits and row.status == "PASS":
                 row.status = "LIMIT"
             return session
@@ -711,16 +718,45 @@ def _start_error(exc: BaseException) -> AgentStartError | None:
     return None
 
 
+# The table fits a 100-column terminal: the expected and observed text of a row wraps in
+# its column, under each other, instead of widening the table.
+TABLE_WIDTH: Final = 100
+MIN_DETAILS_WIDTH: Final = 30
+COLUMN_GAP: Final = "  "
+
+
 def format_table(rows: Sequence[Row]) -> str:
-    header = ("step", "mode", "expectation", "observed", "result")
-    cells = [header, *((r.step, r.mode, r.expectation, r.observed, r.status) for r in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = []
-    for index, row in enumerate(cells):
-        padded = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        lines.append("  ".join(padded).rstrip())
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
+    """One row per step: step, mode, what the model had to receive and what it did (wrapped
+    in their column, the second under the first), and the result, last on the row's line."""
+    header = ("step", "mode", "expected / observed", "result")
+    step_width = max([len(header[0]), *(len(r.step) for r in rows)])
+    mode_width = max([len(header[1]), *(len(r.mode) for r in rows)])
+    result_width = max([len(header[3]), *(len(r.status) for r in rows)])
+    details_width = max(
+        MIN_DETAILS_WIDTH,
+        TABLE_WIDTH - step_width - mode_width - result_width - 3 * len(COLUMN_GAP),
+    )
+    widths = (step_width, mode_width, details_width)
+
+    def line(step: str, mode: str, details: str, result: str) -> str:
+        cells = (step, mode, details)
+        padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+        return COLUMN_GAP.join((*padded, result)).rstrip()
+
+    lines = [
+        line(*header),
+        COLUMN_GAP.join("-" * width for width in (*widths, result_width)),
+    ]
+    for row in rows:
+        texts = [row.observed] if row.expectation == "-" else [row.expectation, row.observed]
+        details = [
+            part
+            for text in texts
+            if text
+            for part in textwrap.wrap(text, details_width, break_on_hyphens=False)
+        ] or [""]
+        lines.append(line(row.step, row.mode, details[0], row.status))
+        lines += [line("", "", part, "") for part in details[1:]]
     passed = sum(r.status == "PASS" for r in rows)
     failed = sum(r.status == "FAIL" for r in rows)
     skipped = sum(r.status == "SKIP" for r in rows)

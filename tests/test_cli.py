@@ -305,3 +305,22 @@ def test_a_bare_command_shows_the_usage_the_user_typed() -> None:
     assert "Usage: acp-bridge [OPTIONS] [--] AGENT_CMD..." in usage
     assert "Try 'acp-bridge --help' for help." in usage
     assert "no agent: give --agent NAME or an agent command after --" in usage
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_help_gives_each_command_summary_whole(columns: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--help"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "COLUMNS": columns},
+    )
+    assert done.returncode == 0, done.stderr
+    commands = done.stdout.decode().partition("\nCommands:\n")[2]
+    summaries = " ".join(commands.split())
+    assert "..." not in summaries, commands
+    assert "Initialize the agent once and show what it and the bridge advertise." in summaries
+    assert "Sidecar: accept ACP connections on a socket, one agent process per connection." in (
+        summaries
+    )

@@ -146,7 +146,29 @@ def agent_log_path(stderr: str) -> Path:
 
 
 def rows_of(table: str, step: str) -> list[str]:
-    return [line for line in table.splitlines() if line.startswith(step)]
+    """The rows of ``step``: the line that starts one (it ends with the result) and its
+    continuation lines (indented), joined with newlines."""
+    rows: list[list[str]] = []
+    current: list[str] | None = None
+    for line in table.splitlines():
+        if line.startswith(step):
+            current = [line]
+            rows.append(current)
+        elif current is not None and line.startswith(" ") and line.strip():
+            current.append(line)
+        else:
+            current = None
+    return ["\n".join(row) for row in rows]
+
+
+def status_of(row: str) -> str:
+    return row.splitlines()[0].split()[-1]
+
+
+def text_of(row: str) -> str:
+    """A row's words without its result, continuation lines joined on."""
+    first, _, rest = row.partition("\n")
+    return " ".join(first.split()[:-1] + rest.split())
 
 
 CHANGED = "load of a live session, changed prompt"
@@ -159,6 +181,9 @@ async def test_verify_passes_every_row_for_an_agent_that_applies_every_prompt(
     report = await run_verify(*verify_args(tmp_path), env=private_tmp(tmp_path), timeout=60)
     report.assert_passed()
     assert "13 passed, 0 failed, 0 skipped" in report.table
+    assert max(len(line) for line in report.table.splitlines()) <= 100, report.table
+    # The markers' own text is long; the table names them by their role in the step.
+    assert "ACPBRIDGE-" not in report.table and "has marker" in report.table, report.table
 
 
 async def test_verify_fails_an_agent_that_pins_the_first_prompt(tmp_path: Path) -> None:
@@ -167,7 +192,7 @@ async def test_verify_fails_an_agent_that_pins_the_first_prompt(tmp_path: Path) 
     )
     assert report.returncode == 1
     for step in (CHANGED, DEFAULT):
-        assert [row.split()[-1] for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
+        assert [status_of(row) for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["ReopenLimit", "plain-sentence"])
@@ -180,8 +205,8 @@ async def test_a_declared_limit_reads_limit_when_the_model_got_what_it_says(
     report.assert_passed()
     for step in (CHANGED, DEFAULT):
         rows = rows_of(report.table, step)
-        assert [row.split()[-1] for row in rows] == ["LIMIT", "LIMIT"], report.table
-        assert all("keeps a session's first prompt" in row for row in rows)
+        assert [status_of(row) for row in rows] == ["LIMIT", "LIMIT"], report.table
+        assert all("keeps a session's first prompt" in text_of(row) for row in rows)
     assert "9 passed, 0 failed, 0 skipped, 4 at a documented limit" in report.table
 
 
@@ -197,7 +222,7 @@ async def test_a_declared_limit_fails_when_the_model_got_something_else(
     )
     assert report.returncode == 1
     for step in (CHANGED, DEFAULT):
-        assert [row.split()[-1] for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
+        assert [status_of(row) for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
     assert "LIMIT" not in report.table.splitlines()[-1]
 
 
@@ -212,7 +237,8 @@ async def test_verify_keeps_the_agent_stderr_in_a_file_and_stderr_short(tmp_path
     assert report.table.splitlines()[0].split() == [
         "step",
         "mode",
-        "expectation",
+        "expected",
+        "/",
         "observed",
         "result",
     ]
@@ -318,3 +344,31 @@ async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
     report.assert_passed()
     assert "as preset 'fake' does" in report.stderr
     assert "adapter native;" in report.stderr  # chosen automatically, not the preset's
+
+
+def test_the_table_fits_100_columns_and_names_markers_by_role() -> None:
+    long_marker = "ACPBRIDGE-OVERRIDE-CHANGED-96815f25"
+    rows = [
+        Row("baseline (no prompt)", "-", "default prompt recorded", "5938 ch", "PASS"),
+        Row(
+            "load of a live session, changed prompt",
+            "override",
+            "marker present, previous absent, default gone",
+            "has marker; no previous; default 7%; 213 ch",
+            "PASS",
+        ),
+        Row(
+            "load after restart, omitted (default)",
+            "override",
+            "documented limit: this agent keeps a session's first prompt from session/new; "
+            "so first present, changed absent, default gone",
+            f"error: the agent answered -32603 about {long_marker} and more words than fit",
+            "LIMIT",
+        ),
+    ]
+    table = format_table(rows)
+    assert max(len(line) for line in table.splitlines()) <= 100, table
+    limit_row = rows_of(table, "load after restart, omitted (default)")[0]
+    assert status_of(limit_row) == "LIMIT"
+    assert "keeps a session's first prompt from session/new" in text_of(limit_row)
+    assert long_marker in limit_row
