@@ -26,17 +26,19 @@ class Lifecycle:
         """Keyed by the command's name until ``initialize`` tells the agent's own name."""
         return cls(store, Path(argv[0]).name)
 
-    def apply(self, write: StoreWrite) -> None:
-        """Carry out one write the session table asked for; raises ``StoreError``."""
-        if isinstance(write, SaveSession):
-            save = self.save_new if write.new_conversation else self.save
-            save(write.session_id, write.prompt, parent_id=write.parent_id)
-        elif isinstance(write, MarkClosed):
-            self.set_live(write.session_id, False)
-        elif isinstance(write, SetDelivered):
-            self.set_delivered(write.session_id, write.fingerprint)
-        elif isinstance(write, Forget):
-            self.forget(write.session_id)
+    def apply(self, *writes: StoreWrite) -> None:
+        """Carry out the writes the session table asked for, in order; raises
+        ``StoreError`` at the first that fails."""
+        for write in writes:
+            if isinstance(write, SaveSession):
+                save = self.save_new if write.new_conversation else self.save
+                save(write.session_id, write.prompt, parent_id=write.parent_id)
+            elif isinstance(write, MarkClosed):
+                self.set_live(write.session_id, False)
+            elif isinstance(write, SetDelivered):
+                self.set_delivered(write.session_id, write.fingerprint)
+            elif isinstance(write, Forget):
+                self.forget(write.session_id)
 
     def get(self, session_id: str) -> SessionRecord | None:
         return self.store.get(self.agent, session_id)

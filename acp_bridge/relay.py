@@ -17,7 +17,6 @@ so tests can run coroutine agents over in-memory streams.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -36,7 +35,6 @@ from acp_bridge.adapter import (
     AgentError,
     AgentExited,
     AgentLink,
-    Delivery,
     Reply,
 )
 from acp_bridge.agent_process import AgentProcess, AgentStartError
@@ -50,6 +48,7 @@ from acp_bridge.core.router import (
     Router,
     describe_exit,
 )
+from acp_bridge.core.sessions import SessionTable, Step, Withdraw
 from acp_bridge.framing import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_STREAM_AFTER,
@@ -66,13 +65,11 @@ from acp_bridge.json_stream import Envelope, LineValidator
 from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AUTO, AdapterRegistry
-from acp_bridge.store import SessionRecord, StoreError
+from acp_bridge.store import StoreError
 from acp_bridge.system_prompt import (
     DEFAULT_MAX_PROMPT_BYTES,
     PromptRejected,
     SystemPrompt,
-    parse_system_prompt,
-    take_system_prompt,
 )
 from acp_bridge.trace import Tracer
 
@@ -88,7 +85,6 @@ LongItem = LongLineStart | LongLinePart | LongLineEnd
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
 AGENT_EXIT_DRAIN: Final = 0.2
 
-LIFECYCLE: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
 # After the client's EOF, how long frames it sent may still wait for an interception.
 CLIENT_EOF_SETTLE: Final = 5.0
 SETTLE_POLL: Final = 0.01
@@ -339,22 +335,32 @@ class AgentConnection:
 
 
 class Call:
-    """An intercepted client request on its way through an adapter hook (``LifecycleCall``)."""
+    """An intercepted client request on its way through an adapter hook (``LifecycleCall``).
 
-    def __init__(self, bridge: Bridge, token: int, frame: Frame, link: AgentConnection) -> None:
+    What it runs with (prompt, previous, delivered, the params to forward) is the session
+    table's :class:`~acp_bridge.core.sessions.Step`; ``initialize`` has none.
+    """
+
+    def __init__(
+        self,
+        bridge: Bridge,
+        token: int,
+        frame: Frame,
+        link: AgentConnection,
+        step: Step | None = None,
+    ) -> None:
         self.bridge = bridge
         self.token = token
         self.frame = frame
         self.method: str = frame.method or ""
         self.link = link
-        self.params: JsonObject = dict(frame.params)
         self.original_params: JsonObject = frame.params
-        self.prompt: SystemPrompt | None = None
-        self.previous: SystemPrompt | None = None
-        session_id = self.params.get("sessionId")
-        self.session_id: str | None = session_id if isinstance(session_id, str) else None
-        self.client_sent_prompt = False
-        self.delivered: str | None = None
+        self.params: JsonObject = dict(frame.params if step is None else step.params)
+        self.prompt: SystemPrompt | None = None if step is None else step.prompt
+        self.previous: SystemPrompt | None = None if step is None else step.previous
+        self.session_id: str | None = None if step is None else step.session_id
+        self.client_sent_prompt = False if step is None else step.client_sent_prompt
+        self.delivered: str | None = None if step is None else step.delivered
         self.delivered_now: str | None = None
         self.forwarded_to: AgentConnection | None = None
 
@@ -425,13 +431,16 @@ class Bridge:
         self.spawner = spawner
         self.router = Router(self._sink)
         self.adapter: Adapter | None = None
-        self.delivery: Delivery | None = None
+        self.sessions = SessionTable(
+            lifecycle.agent,
+            on_omitted=options.on_omitted,
+            max_prompt_bytes=options.max_prompt_bytes,
+        )
         self.links: dict[int, AgentConnection] = {}
         # Every process this connection started, attached or not: shutdown stops them all.
         self.processes: list[AgentHandle] = []
         self._primary_process: AgentHandle | None = None
         self.initialize_params: Any = None
-        self.live: set[str] = set()
         self.log = log
         self._waiters: dict[int, Waiter] = {}
         self._nursery: trio.Nursery | None = None
@@ -622,7 +631,7 @@ class Bridge:
         return self.links[PRIMARY]
 
     def live_sessions(self) -> set[str]:
-        return set(self.live)
+        return set(self.sessions.live)
 
     def agent_environment(self) -> Mapping[str, str]:
         return {**os.environ, **self.options.agent_env}
@@ -1040,26 +1049,22 @@ class Bridge:
         return link.hop if isinstance(link, AgentConnection) else None
 
     async def _handle(self, token: int, frame: Frame) -> Reply:
-        call = Call(self, token, frame, self._route_link(frame))
+        link = self._route_link(frame)
         if frame.method == "initialize":
-            return await self._initialize(call)
+            return await self._initialize(Call(self, token, frame, link))
         assert self.adapter is not None
-        if call.method != "session/new" and call.session_id is not None:
-            # What the named session (for fork: the parent) has been running with.
-            record = await self._store(self.lifecycle.get, call.session_id)
-            if isinstance(record, SessionRecord):
-                call.prompt = call.previous = record.prompt
-                call.delivered = record.delivered
-        if frame.method in LIFECYCLE:
-            try:
-                self._prepare_lifecycle(call)
-            except PromptRejected as rejected:
-                return Reply(error=rejected.error())
+        method = frame.method or ""
+        # What the named session (for fork: the parent) has been running with.
+        named = self.sessions.reads(method, frame.params)
+        stored = None if named is None else await self._store(self.lifecycle.get, named)
+        try:
+            step = self.sessions.begin(method, frame.params, stored)
+        except PromptRejected as rejected:
+            return Reply(error=rejected.error())
+        call = Call(self, token, frame, link, step)
         hook = getattr(self.adapter, HOOKS[call.method])
         reply: Reply = await hook(call)
-        if reply.ok:
-            reply = await self._record(call, reply)
-        return reply
+        return await self._record(call, step, reply)
 
     async def _initialize(self, call: Call) -> Reply:
         self.initialize_params = call.frame.params
@@ -1076,20 +1081,11 @@ class Bridge:
         delivery, advertised = capabilities.initialize_answer(
             self.adapter, result, allow_override=self.options.allow_override
         )
-        self.delivery = delivery
-        # Sessions are stored per agent identity: its agentInfo.name, else its command.
-        self.lifecycle.agent = capabilities.agent_name(result) or self.lifecycle.agent
+        self.router.intercepted = self.sessions.initialized(
+            result, delivery, intercepts_prompt=self.adapter.intercepts_prompt
+        )
+        self.lifecycle.agent = self.sessions.agent
         log.info("adapter %s; delivery %s", self.adapter.name, delivery)
-        intercepted = {"initialize"}
-        if delivery is not None:
-            intercepted.update(m for m in HOOKS if m != "session/prompt")
-            if capabilities.is_v2(result):
-                # Version 2 has no session/load (the prompt rides on new, resume and fork):
-                # whatever a client sends under that name is not the bridge's to change.
-                intercepted.discard("session/load")
-            if self.adapter.intercepts_prompt:
-                intercepted.add("session/prompt")
-        self.router.intercepted = frozenset(intercepted)
         self.router.route = self._route_hop
         if advertised is None:
             return reply
@@ -1102,100 +1098,48 @@ class Bridge:
             adapter_class = self.registry.get(self.options.adapter)
         self.adapter = adapter_class(self)
 
-    def _prepare_lifecycle(self, call: Call) -> None:
-        """Validate the client's systemPrompt and apply the on_omitted policy (spec §5, §6)."""
-        assert self.delivery is not None
-        raw_prompt, source = take_system_prompt(call.params)
-        try:
-            prompt = parse_system_prompt(
-                raw_prompt,
-                override_allowed=self.delivery.override,
-                max_bytes=self.options.max_prompt_bytes,
-                custom_modes=self.delivery.custom_modes,
-            )
-        except PromptRejected as rejected:
-            if source == "systemPrompt":
-                raise
-            # The error names the field where the client put it (_meta.systemPrompt...).
-            field = source + rejected.field.removeprefix("systemPrompt")
-            raise dataclasses.replace(rejected, field=field) from None
-        call.client_sent_prompt = prompt is not None
-        if prompt is None and self.options.on_omitted == "keep":
-            prompt = call.previous
-            if prompt is not None and not self.delivery.accepts(prompt.mode):
-                # Stored under another adapter or policy (an agent's own mode, override
-                # before --no-override): this agent gets its default, as if none was stored.
-                log.warning(
-                    "%s: the stored %s prompt of session %s cannot be delivered here; "
-                    "the agent's default applies",
-                    call.method,
-                    prompt.mode,
-                    call.session_id,
-                )
-                prompt = None
-        call.prompt = prompt
-
-    async def _store(self, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
         """A call into the session store, off the event loop (it may wait on a lock)."""
-        return await trio.to_thread.run_sync(lambda: operation(*args, **kwargs))
+        return await trio.to_thread.run_sync(operation, *args)
 
-    async def _record(self, call: Call, reply: Reply) -> Reply:
-        """Remember what the agent accepted; if that fails, no session may be left open."""
-        result = reply.result if isinstance(reply.result, dict) else {}
-        new_id = result.get("sessionId")
-        opened: str | None = None
-        try:
-            if call.method == "session/new" and isinstance(new_id, str):
-                opened = new_id
-                # A new conversation, even under an id the agent handed out before.
-                await self._store(self.lifecycle.save_new, new_id, call.prompt)
-                self.live.add(new_id)
-            elif call.method == "session/fork" and isinstance(new_id, str):
-                opened = new_id
-                await self._store(
-                    self.lifecycle.save_new, new_id, call.prompt, parent_id=call.session_id
+    async def _record(self, call: Call, step: Step, reply: Reply) -> Reply:
+        """Store what the session table says the answer changed; if that fails, no session
+        the agent opened for this request may be left open."""
+        outcome = self.sessions.answered(
+            step, result=reply.result, error=reply.error, delivered_now=call.delivered_now
+        )
+        if outcome.writes:
+            try:
+                await self._store(self.lifecycle.apply, *outcome.writes)
+            except StoreError as exc:
+                log.error("%s: %s", call.method, exc)
+                link = call.forwarded_to or call.link
+                failed = self.sessions.record_failed(
+                    outcome, str(exc), link.initialize_result or {}
                 )
-                if call.prompt is not None and call.delivered == call.prompt.fingerprint():
-                    await self._store(self.lifecycle.set_delivered, new_id, call.delivered)
-                self.live.add(new_id)
-            elif call.session_id is None:
-                return reply
-            elif call.method in ("session/load", "session/resume"):
-                opened = call.session_id
-                await self._store(self.lifecycle.save, call.session_id, call.prompt)
-                self.live.add(call.session_id)
-            elif call.method == "session/close":
-                self.live.discard(call.session_id)
-                await self._store(self.lifecycle.set_live, call.session_id, False)
-            elif call.method == "session/delete":
-                self.live.discard(call.session_id)
-                await self._store(self.lifecycle.forget, call.session_id)
-            if call.delivered_now is not None and call.session_id is not None:
-                await self._store(self.lifecycle.set_delivered, call.session_id, call.delivered_now)
-        except StoreError as exc:
-            log.error("%s: %s", call.method, exc)
-            if opened is not None:
-                self.live.discard(opened)
-                await self._withdraw(call, opened)
-            return Reply.internal(
-                f"The bridge could not record the session, so it did not keep it open: {exc}"
-            )
+                if failed.withdraw is not None:
+                    await self._withdraw(link, failed.withdraw)
+                return Reply(error=failed.error)
+        self.sessions.recorded(outcome)
         return reply
 
-    async def _withdraw(self, call: Call, session_id: str) -> None:
-        """Close (or delete) a session the agent opened for a request that then failed."""
-        link = call.forwarded_to or call.link
-        advertised = capabilities.session_capabilities(link.initialize_result or {})
-        for method in ("session/close", "session/delete"):
-            if method.removeprefix("session/") not in advertised:
-                continue
+    async def _withdraw(self, link: AgentConnection, withdraw: Withdraw) -> None:
+        """End a session the agent opened for a request whose recording then failed."""
+        for method in withdraw.methods:
             try:
-                await link.request(method, {"sessionId": session_id})
+                await link.request(method, withdraw.params)
                 return
-            except (AgentError, AgentExited) as exc:
-                log.warning("%s of session %s failed: %s", method, session_id, exc)
-        log.warning(
-            "session %s stays open in the agent: it offers neither session/close "
-            "nor session/delete",
-            session_id,
-        )
+            except AgentExited:
+                return  # the session went with the process
+            except AgentError as exc:
+                if withdraw.done(exc.error):
+                    return
+                log.warning("%s of session %s failed: %s", method, withdraw.session_id, exc)
+        if withdraw.methods:
+            log.warning("session %s stays open in the agent", withdraw.session_id)
+        else:
+            log.warning(
+                "session %s stays open in the agent: it offers neither session/close "
+                "nor session/delete",
+                withdraw.session_id,
+            )

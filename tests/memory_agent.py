@@ -8,8 +8,10 @@ need, and logs every message it receives in :attr:`MemoryAgent.received`.
 Steering methods: ``_test/echo`` (result: params), ``_test/hold`` (answered when
 ``_test/release`` arrives), ``_test/ask_client`` (sends the client ``params.method`` as a
 request and answers with the client's result). ``session/new`` answers ``sess-N``;
-``session/close`` and ``session/delete`` answer ``{}``; ``session/prompt`` answers
-``{"stopReason": "end_turn"}`` at once or ``cancelled`` after ``session/cancel``.
+``session/close`` and ``session/delete`` answer ``{}`` (or ``close_error``);
+``session/prompt`` answers ``{"stopReason": "end_turn"}`` at once or ``cancelled`` after
+``session/cancel``. ``protocol_version=2`` answers ``initialize`` in version 2's shape
+(``info``, ``capabilities.session``).
 """
 
 from __future__ import annotations
@@ -38,18 +40,24 @@ class MemoryAgent:
         session_capabilities: Mapping[str, Any] | None = None,
         name: str = "memory-agent",
         commands_after_new: bool = False,
+        protocol_version: int = 1,
+        close_error: Mapping[str, Any] | None = None,
     ) -> None:
         MemoryAgent._pids += 1
         self.pid = MemoryAgent._pids
         self.argv = list(argv)
         self.env = dict(env)
         self.name = name
-        self.session_capabilities = dict(session_capabilities or {"close": {}})
+        if session_capabilities is None:
+            session_capabilities = {"close": {}}
+        self.session_capabilities = dict(session_capabilities)
         self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
         self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received: list[Any] = []
         self.received_raw: list[bytes] = []
         self.commands_after_new = commands_after_new
+        self.protocol_version = protocol_version
+        self.close_error = dict(close_error) if close_error is not None else None
         self.unparsed: list[bytes] = []
         self.bytes_received = 0
         self._writing = trio.Lock()
@@ -123,7 +131,16 @@ class MemoryAgent:
             if waiting is not None:
                 await self._answer(waiting, message.get("result"))
             return
-        if method == "initialize":
+        if method == "initialize" and self.protocol_version == 2:
+            await self._answer(
+                request_id,
+                {
+                    "protocolVersion": 2,
+                    "info": {"name": self.name, "version": "1.0"},
+                    "capabilities": {"session": self.session_capabilities},
+                },
+            )
+        elif method == "initialize":
             await self._answer(
                 request_id,
                 {
@@ -146,6 +163,8 @@ class MemoryAgent:
                     {"jsonrpc": "2.0", "method": "session/update",
                      "params": {"sessionId": session_id, "update": update}}
                 )  # fmt: skip
+        elif method == "session/close" and self.close_error is not None:
+            await self.send({"jsonrpc": "2.0", "id": request_id, "error": self.close_error})
         elif method in ("session/load", "session/resume", "session/close", "session/delete"):
             await self._answer(request_id, {})
         elif method == "session/prompt":

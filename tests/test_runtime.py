@@ -57,7 +57,11 @@ async def bridge_over_memory(
         await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
                            "params": {"protocolVersion": 1}})  # fmt: skip
         advertised = await client.receive()
-        assert "systemPrompt" in advertised["result"]["agentCapabilities"]["sessionCapabilities"]
+        if advertised["result"]["protocolVersion"] == 2:
+            assert "systemPrompt" in advertised["result"]["capabilities"]["session"]
+        else:
+            caps = advertised["result"]["agentCapabilities"]
+            assert "systemPrompt" in caps["sessionCapabilities"]
         yield client, spawner.agents[0]
         await to_bridge_send.aclose()
         # Read what is left, as a client does, until the bridge has finished.
@@ -143,6 +147,39 @@ async def test_a_store_that_fails_during_session_new_leaves_no_session_open() ->
             await trio.testing.wait_all_tasks_blocked()
             closes = [m for m in agent.received if m.get("method") == "session/close"]
             assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+
+
+async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened() -> None:
+    # Version 2 has no close capability: close is a baseline method of capabilities.session.
+    lifecycle = BrokenLifecycle()
+    lifecycle.release.set()
+    agent_options = {"protocol_version": 2, "session_capabilities": {}}
+    with trio.fail_after(10):
+        async with bridge_over_memory(lifecycle, agent_options=agent_options) as (client, agent):
+            await client.send(new_session("new"))
+            answer = await client.receive()
+            assert answer["id"] == "new" and answer["error"]["code"] == -32603
+            await trio.testing.wait_all_tasks_blocked()
+            closes = [m for m in agent.received if m.get("method") == "session/close"]
+            assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+
+
+async def test_a_close_the_agent_answers_not_found_leaves_the_session_not_live() -> None:
+    store = SessionStore(":memory:")
+    not_found = {"code": -32002, "message": "Session not found"}
+    with trio.fail_after(10):
+        async with bridge_over_memory(
+            Lifecycle(store, "memory-agent"), agent_options={"close_error": not_found}
+        ) as (client, _agent):
+            await client.send(new_session("new"))
+            assert (await client.receive())["result"] == {"sessionId": "sess-1"}
+            await client.send({"jsonrpc": "2.0", "id": "close", "method": "session/close",
+                               "params": {"sessionId": "sess-1"}})  # fmt: skip
+            answer = await client.receive()
+            assert answer == {"jsonrpc": "2.0", "id": "close", "error": not_found}
+            record = store.get("memory-agent", "sess-1")
+            assert record is not None and not record.live
+    store.close()
 
 
 async def test_through_the_cli_a_slow_user_adapter_holds_up_only_its_session(

@@ -112,6 +112,14 @@ def test_session_prompt_is_intercepted_only_when_the_adapter_asks() -> None:
     assert "session/prompt" not in intercepted_methods(Delivery(), intercepts_prompt=False)
 
 
+def test_in_version_2_session_load_is_not_intercepted() -> None:
+    methods = SessionTable("agent-cmd").initialized(
+        v2_result(session={}), Delivery(), intercepts_prompt=False
+    )
+    assert "session/load" not in methods
+    assert {"session/new", "session/resume", "session/fork"} <= methods
+
+
 def test_an_adapter_that_cannot_deliver_has_nothing_intercepted() -> None:
     sessions_table = SessionTable("agent-cmd")
     methods = sessions_table.initialized(v1_result(), None, intercepts_prompt=True)
@@ -285,6 +293,15 @@ def test_override_is_rejected_unless_the_delivery_offers_it() -> None:
     assert step.prompt == OVERRIDE
 
 
+def test_an_agents_own_mode_is_taken_only_where_the_adapter_passes_it_on() -> None:
+    custom = {"mode": "_vendor", "content": [{"type": "text", "text": "Hi."}]}
+    with pytest.raises(PromptRejected) as rejected:
+        table().begin("session/new", new_params(custom), None)
+    assert rejected.value.field == "systemPrompt.mode"
+    step = table(Delivery(custom_modes=("_vendor",))).begin("session/new", new_params(custom), None)
+    assert step.prompt is not None and step.prompt.mode == "_vendor"
+
+
 def test_the_configured_prompt_limit_applies() -> None:
     with pytest.raises(PromptRejected):
         table(max_prompt_bytes=4).begin("session/new", new_params(APPEND), None)
@@ -324,6 +341,15 @@ def test_under_default_a_load_without_a_prompt_stores_none() -> None:
     assert outcome.writes == (SaveSession("s1", None),)
 
 
+@pytest.mark.parametrize("method", ["session/load", "session/resume", "session/fork"])
+def test_under_keep_a_stored_prompt_this_delivery_cannot_carry_is_not_filled_in(
+    method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    step = table(Delivery(override=False)).begin(method, session_params("s1"), Stored(OVERRIDE))
+    assert step.prompt is None and step.previous == OVERRIDE
+    assert "cannot be delivered here" in caplog.text
+
+
 def test_a_new_session_without_a_prompt_runs_with_none_under_either_policy() -> None:
     for policy in ("keep", "default"):
         step = table(on_omitted=policy).begin("session/new", new_params(), None)
@@ -349,6 +375,11 @@ def test_close_delete_and_prompt_run_with_the_stored_prompt_and_untouched_params
 def test_an_unknown_session_runs_with_nothing_stored() -> None:
     step = table().begin("session/load", session_params("s9"), None)
     assert (step.prompt, step.previous, step.delivered) == (None, None, None)
+
+
+def test_an_unknown_on_omitted_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="keep, default"):
+        SessionTable("agent-cmd", on_omitted="forget")
 
 
 def test_a_lifecycle_request_before_initialize_is_a_bug_of_the_caller() -> None:

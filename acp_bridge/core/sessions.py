@@ -12,8 +12,10 @@ The rules:
 * **What is intercepted.** ``initialize`` always: the adapter is chosen from its answer,
   and nothing passes before it. Once the adapter can deliver, the six session methods go
   through it (``session/new``, ``load``, ``resume``, ``fork``, ``close``, ``delete``), and
-  ``session/prompt`` too when the adapter asks for it (first-turn delivery). An adapter that
-  cannot deliver (``passthrough``) gets nothing more: nothing is advertised or intercepted.
+  ``session/prompt`` too when the adapter asks for it (first-turn delivery). Version 2 has
+  no ``session/load`` (the prompt rides on new, resume and fork): whatever a client sends
+  under that name there passes untouched. An adapter that cannot deliver (``passthrough``)
+  gets nothing more: nothing is advertised or intercepted.
 * **Whose sessions.** Sessions are stored per agent identity: the name the agent gives in
   its ``initialize`` answer (``agentInfo.name``; ``info.name`` in protocol version 2), else
   the name of its command.
@@ -25,10 +27,14 @@ The rules:
   - On ``session/new``, ``load``, ``resume`` and ``fork`` the client's prompt (the
     ``systemPrompt`` param, else a prompt of the RFD's shape in ``_meta.systemPrompt``;
     ``null`` counts as omitted) is taken out of the params and validated (spec §5;
-    ``override`` only where the delivery offers it). A rejection names the field where the
-    client put it, and the request goes no further: nothing is forwarded or stored.
+    ``override`` only where the delivery offers it, an agent's own ``_``-prefixed mode only
+    where the adapter passes it on). A rejection names the field where the client put it,
+    and the request goes no further: nothing is forwarded or stored.
   - A prompt omitted there is, under ``on_omitted: keep`` (the default), the one stored for
-    the session (a fork: its parent's); under ``default``, none: the agent's own.
+    the session (a fork: its parent's); under ``default``, none: the agent's own. A stored
+    prompt this delivery cannot carry (stored under another adapter or policy: an agent's
+    own mode, override before ``--no-override``) is not filled in: the agent's default
+    applies, and that is logged.
   - ``session/close``, ``delete`` and ``prompt`` run with the stored prompt; their params
     are not touched.
 * **What is stored, and when.** Only what the agent accepted; an error answer stores
@@ -63,9 +69,10 @@ The rules:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Set
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
 from acp_bridge import capabilities
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
@@ -80,6 +87,8 @@ from acp_bridge.system_prompt import (
 
 if TYPE_CHECKING:
     from acp_bridge.adapter import Delivery
+
+log = logging.getLogger("acp_bridge.sessions")
 
 INITIALIZE: Final = "initialize"
 SESSION_NEW: Final = "session/new"
@@ -98,7 +107,8 @@ SESSION_METHODS: Final = OPENING | {SESSION_CLOSE, SESSION_DELETE}
 # ACP's "Resource not found"; for session/close, version 2 says to take it as closed.
 RESOURCE_NOT_FOUND: Final = -32002
 
-OnOmitted: TypeAlias = Literal["keep", "default"]
+ON_OMITTED: Final = ("keep", "default")
+"""``keep``: an omitted prompt is the stored one; ``default``: the agent's own."""
 
 
 class StoredSession(Protocol):
@@ -211,11 +221,15 @@ class RecordFailed:
     withdraw: Withdraw | None
 
 
-def intercepted_methods(delivery: Delivery | None, *, intercepts_prompt: bool) -> frozenset[str]:
+def intercepted_methods(
+    delivery: Delivery | None, *, intercepts_prompt: bool, version_2: bool = False
+) -> frozenset[str]:
     """The client methods the bridge handles itself, once the adapter is known."""
     methods = {INITIALIZE}
     if delivery is not None:
         methods |= SESSION_METHODS
+        if version_2:
+            methods.discard(SESSION_LOAD)  # version 2 has none: not the bridge's to change
         if intercepts_prompt:
             methods.add(SESSION_PROMPT)
     return frozenset(methods)
@@ -253,11 +267,15 @@ class SessionTable:
         self,
         agent: str,
         *,
-        on_omitted: OnOmitted = "keep",
+        on_omitted: str = "keep",
         max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
     ) -> None:
+        if on_omitted not in ON_OMITTED:
+            raise ValueError(
+                f"on_omitted must be one of {', '.join(ON_OMITTED)}, not {on_omitted!r}"
+            )
         self.agent = agent
-        self.on_omitted: OnOmitted = on_omitted
+        self.on_omitted = on_omitted
         self.max_prompt_bytes = max_prompt_bytes
         self.delivery: Delivery | None = None
         self.intercepted: frozenset[str] = frozenset({INITIALIZE})
@@ -279,7 +297,11 @@ class SessionTable:
         methods intercepted from now on."""
         self.agent = capabilities.agent_name(initialize_result) or self.agent
         self.delivery = delivery
-        self.intercepted = intercepted_methods(delivery, intercepts_prompt=intercepts_prompt)
+        self.intercepted = intercepted_methods(
+            delivery,
+            intercepts_prompt=intercepts_prompt,
+            version_2=capabilities.is_v2(initialize_result),
+        )
         return self.intercepted
 
     # --------------------------------------------------------- before the hook
@@ -310,6 +332,15 @@ class SessionTable:
                 prompt = given
             elif self.on_omitted == "default":
                 prompt = None
+            elif prompt is not None and not self.delivery.accepts(prompt.mode):
+                log.warning(
+                    "%s: the stored %s prompt of session %s cannot be delivered here; "
+                    "the agent's default applies",
+                    method,
+                    prompt.mode,
+                    _named_session(params),
+                )
+                prompt = None
         return Step(
             method=method,
             session_id=_named_session(params),
@@ -325,7 +356,10 @@ class SessionTable:
         raw, source = take_system_prompt(params)
         try:
             return parse_system_prompt(
-                raw, override_allowed=self.delivery.override, max_bytes=self.max_prompt_bytes
+                raw,
+                override_allowed=self.delivery.override,
+                max_bytes=self.max_prompt_bytes,
+                custom_modes=self.delivery.custom_modes,
             )
         except PromptRejected as rejected:
             if source == FIELD:
