@@ -7,7 +7,6 @@ unless it has to change the message, and only then serialises it again (:func:`e
 from __future__ import annotations
 
 import enum
-import itertools
 import json
 import math
 import secrets
@@ -192,8 +191,11 @@ def plain_notifications(lines: list[bytes], start: int = 0) -> tuple[int, Frame 
     whole as :func:`parse` validates it. No :class:`Frame` is made for it: a run is passed
     on as it came, by the bytes. The line after the run is read only once, here.
     """
+    # By index from ``start``: the pump calls this once for each line that ends a run, so
+    # a walk from the list's start (islice) would make a read of blank lines quadratic.
     end = start
-    for raw in itertools.islice(lines, start, None):
+    for index in range(start, len(lines)):
+        raw = lines[index]
         try:
             text = raw.decode()
             message, stop = _scan_once(text, 0)

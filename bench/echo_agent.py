@@ -6,6 +6,7 @@ agent itself does not hide the bridge's cost:
 - a request ``{"jsonrpc":"2.0","id":N,"method":"bench/echo",...}`` is answered with the
   same params (``{"jsonrpc":"2.0","id":N,"result":<params>}``);
 - ``bench/flood`` with ``{"count":C}`` writes C small notifications, then answers;
+- ``bench/blank`` with ``{"bytes":B}`` writes B newlines (blank lines), then answers;
 - notifications are counted; ``bench/count`` answers with how many arrived;
 - ``initialize`` gets a minimal v1 answer, so that proxies which wait for it (the bridge
   chooses its adapter from it, the TypeScript conductor starts the agent on it) relay it.
@@ -45,6 +46,9 @@ def main() -> None:
         elif method == b"bench/flood":
             count = json.loads(line)["params"]["count"]
             out.write(NOTE * count)
+            out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":{}}\n')
+        elif method == b"bench/blank":
+            out.write(b"\n" * json.loads(line)["params"]["bytes"])
             out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":{}}\n')
         elif method == b"bench/count":
             out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":%d}\n' % notes)

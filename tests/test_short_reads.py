@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -433,3 +433,42 @@ def test_a_traced_flood_is_traced_frame_by_frame(tmp_path: Path) -> None:
     directions = [json.loads(line)["dir"] for line in trace.read_bytes().splitlines()]
     assert directions.count("client->bridge") == 101
     assert directions.count("agent->bridge") == 101
+
+
+class CountingLines(list[bytes]):
+    """The lines of a read, counting how many of them are looked at (one per item taken
+    by iteration or indexing, a slice's length for a slice)."""
+
+    touched = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in super().__iter__():
+            CountingLines.touched += 1
+            yield line
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        CountingLines.touched += len(item) if isinstance(index, slice) else 1
+        return item
+
+
+def lines_touched(client_reads: list[bytes], agent_reads: list[bytes]) -> int:
+    feed_short = LineSplitter.feed_short
+
+    def counting(splitter: LineSplitter, data: bytes) -> list[bytes] | None:
+        lines = feed_short(splitter, data)
+        return None if lines is None else CountingLines(lines)
+
+    CountingLines.touched = 0
+    with mock.patch.object(LineSplitter, "feed_short", counting):
+        trio.run(relay_reads, client_reads, agent_reads)
+    return CountingLines.touched
+
+
+def test_a_read_of_blank_lines_is_read_in_work_linear_in_its_lines() -> None:
+    """Each line of a read is looked at a bounded number of times, however many lines
+    the read has (each blank line once restarted the walk from the read's first line)."""
+    for count in (2_000, 8_000):
+        blank = [b"\n" * count, (NOTE + b"\n\n") * (count // 2)]
+        assert lines_touched(blank, []) <= 4 * count + 20
+        assert lines_touched([], blank) <= 4 * count + 20
