@@ -305,10 +305,14 @@ class PoolAdapter(Adapter):
             pooled.busy += 1
             return pooled
         lock = self._starting.setdefault(key, trio.Lock())
-        async with lock:
-            pooled = self._live(key) or await self._start(prompt)
-            pooled.busy += 1
-            return pooled
+        try:
+            async with lock:
+                pooled = self._live(key) or await self._start(prompt)
+                pooled.busy += 1
+                return pooled
+        finally:
+            if not lock.locked() and lock.statistics().tasks_waiting == 0:
+                self._starting.pop(key, None)  # one lock per prompt ever seen, otherwise
 
     def _release(self, pooled: PooledProcess) -> None:
         pooled.busy -= 1
@@ -524,7 +528,7 @@ class PoolAdapter(Adapter):
             return
         try:
             await current.link.request("session/close", {"sessionId": session_id})
-            self._closed_at[session_id] = trio.current_time()
+            self._note_closed(session_id)
         except AgentError as exc:
             # An agent without session/close keeps a stale copy there; nothing routes to it.
             missing = exc.error.get("code") == METHOD_NOT_FOUND
@@ -543,8 +547,18 @@ class PoolAdapter(Adapter):
         if reply.ok and call.session_id is not None:
             self._drop(call.session_id)
             if call.method == "session/close":
-                self._closed_at[call.session_id] = trio.current_time()
+                self._note_closed(call.session_id)
         return reply
+
+    def _note_closed(self, session_id: str) -> None:
+        """Remember a close for :meth:`_settling`, forgetting those past the settle window."""
+        now = trio.current_time()
+        self._closed_at = {
+            closed: at
+            for closed, at in self._closed_at.items()
+            if now - at < self.close_settle_timeout
+        }
+        self._closed_at[session_id] = now
 
     session_close = _end
     session_delete = _end

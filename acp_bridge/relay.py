@@ -1006,8 +1006,12 @@ class Bridge:
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):
             link.exit_status = await link.process.wait()
+        # Also for a process that exited by itself: stop() ends what is left of its group,
+        # closes its stdin and releases its watchdog (a no-op if it was stopped already).
+        status = await link.process.stop(self.options.shutdown_grace)
         if link.exit_status is None:
-            link.exit_status = await link.process.stop(self.options.shutdown_grace)
+            link.exit_status = status
+        await self._release(link)
         # An agent the bridge itself stopped (it ignored EOF, as codex-acp does) is no news.
         expected = link.exit_status == 0 or link.process.terminated_by_bridge
         log.log(
@@ -1023,6 +1027,15 @@ class Bridge:
         if link.hop == PRIMARY:
             status = exit_status(link.exit_status)
             await self._shutdown(lambda: status)
+
+    async def _release(self, link: AgentConnection) -> None:
+        """The pump has read all a gone process wrote: close its stdout, and forget it, so a
+        long-lived bridge holds nothing for the pooled processes it saw come and go."""
+        with trio.CancelScope(shield=True), contextlib.suppress(*WRITE_FAILED):
+            await link.process.stdout.aclose()
+        # While shutting down, _shutdown owns the list (it keeps each process it stops).
+        if not self._stopping and link.process in self.processes:
+            self.processes.remove(link.process)
 
     # ------------------------------------------------------- intercepted calls
 

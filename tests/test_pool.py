@@ -354,6 +354,20 @@ async def test_a_reopen_refused_right_after_a_close_is_retried(
         assert reply.error is not None and reply.error["code"] == INTERNAL_ERROR
 
 
+async def test_closes_are_remembered_only_for_the_settle_window(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool() as pool:
+        for _ in range(20):
+            assert (await pool.close(await pool.new(append("A")))).ok
+            await trio.sleep(1)  # FilePool's settle window is 2 s
+        assert len(pool.adapter._closed_at) <= 2
+        # Nor is a start lock kept for every prompt ever seen.
+        for n in range(20):
+            await pool.close(await pool.new(append(f"prompt {n}")))
+        assert pool.adapter._starting == {}
+
+
 # --------------------------------------------------------------------- process lifetime
 
 

@@ -1,0 +1,108 @@
+"""What a long-running pooled bridge holds: file descriptors and bookkeeping stay flat
+however many pooled processes die or are stopped.
+
+The bridge runs in this process in front of ``tests/fake_codex.py`` (real subprocesses,
+the codex adapter's pool), so ``/proc/self/fd`` counts what the bridge itself holds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from acp_bridge.adapter import AgentLink
+from acp_bridge.client import AcpClient
+from acp_bridge.embedded import open_embedded_bridge
+from acp_bridge.pool import PoolAdapter
+from acp_bridge.relay import AgentConnection, Bridge, BridgeOptions
+from acp_bridge.store import SessionStore
+
+FAKE_CODEX = Path(__file__).with_name("fake_codex.py")
+CYCLES = 12
+TIMEOUT = 60.0
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def append(text: str) -> dict[str, Any]:
+    return {"mode": "append", "content": [{"type": "text", "text": text}]}
+
+
+@asynccontextmanager
+async def pooled_bridge(
+    tmp_path: Path, **pool_options: Any
+) -> AsyncIterator[tuple[AcpClient, Bridge]]:
+    records = tmp_path / "records"
+    records.mkdir(exist_ok=True)
+    options = BridgeOptions(
+        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        shutdown_grace=0.3,
+        adapter_options={"codex": pool_options},
+    )
+    async with open_embedded_bridge(options, SessionStore(":memory:")) as embedded:
+        await embedded.client.request("initialize", {"protocolVersion": 1})
+        yield embedded.client, embedded.bridge
+
+
+async def new_session(client: AcpClient, cwd: Path, text: str) -> str:
+    params = {"cwd": str(cwd), "mcpServers": [], "systemPrompt": append(text)}
+    result = await client.request("session/new", params)
+    session_id: str = result["sessionId"]
+    return session_id
+
+
+def holder(bridge: Bridge, session_id: str) -> AgentConnection:
+    assert isinstance(bridge.adapter, PoolAdapter)
+    link: AgentLink = bridge.adapter.home[session_id].link
+    assert isinstance(link, AgentConnection)
+    return link
+
+
+async def a_process_dies(client: AcpClient, bridge: Bridge, cwd: Path, n: int) -> None:
+    link = holder(bridge, await new_session(client, cwd, f"prompt {n}"))
+    os.kill(link.process.pid, signal.SIGKILL)
+    await link.done.wait()
+
+
+async def a_process_is_stopped(client: AcpClient, bridge: Bridge, cwd: Path, n: int) -> None:
+    session_id = await new_session(client, cwd, f"prompt {n}")
+    link = holder(bridge, session_id)
+    await client.request("session/close", {"sessionId": session_id})
+    await link.done.wait()  # idle_timeout 0: the pool stops it at once
+
+
+async def test_pooled_processes_that_die_leave_no_descriptor_behind(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with pooled_bridge(tmp_path) as (client, bridge):
+            await a_process_dies(client, bridge, tmp_path, 0)  # whatever the first one opens
+            before = open_fds()
+            for n in range(1, CYCLES + 1):
+                await a_process_dies(client, bridge, tmp_path, n)
+            after = open_fds()
+            processes = len(bridge.processes)
+    assert after - before < CYCLES // 4, (before, after)
+    assert processes == 1
+
+
+async def test_pooled_processes_that_are_stopped_leave_no_descriptor_behind(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with pooled_bridge(tmp_path, idle_timeout=0) as (client, bridge):
+            await a_process_is_stopped(client, bridge, tmp_path, 0)
+            before = open_fds()
+            for n in range(1, CYCLES + 1):
+                await a_process_is_stopped(client, bridge, tmp_path, n)
+            after = open_fds()
+            processes = len(bridge.processes)
+    assert after - before < CYCLES // 4, (before, after)
+    assert processes == 1
