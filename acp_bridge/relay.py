@@ -387,6 +387,44 @@ class Call:
         self.delivered_now = fingerprint
 
 
+class LentContext:
+    """What the runtime lends an adapter (implements ``AdapterContext``), and nothing else
+    of the bridge: through it an adapter cannot reach the router, the store or the pumps."""
+
+    __slots__ = ("_bridge", "log")
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+        self.log = bridge.log
+
+    @property
+    def primary(self) -> AgentConnection:
+        return self._bridge.primary
+
+    def live_sessions(self) -> set[str]:
+        return set(self._bridge.sessions.live)
+
+    def agent_environment(self) -> Mapping[str, str]:
+        return {**os.environ, **self._bridge.options.agent_env}
+
+    async def spawn_agent(
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        private_files: Sequence[str] = (),
+    ) -> AgentConnection:
+        return await self._bridge.spawn_agent(extra_args, extra_env, private_files)
+
+    async def stop_agent(self, link: AgentLink) -> None:
+        await self._bridge.stop_agent(link)
+
+    def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        self._bridge.start_soon(async_fn, *args)
+
+    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
+        return self._bridge.options.adapter_options.get(adapter, {})
+
+
 def _request_id(line: LongLine) -> jsonrpc.RequestId:
     """The id to answer a cut line with: its own if it is a request that named one."""
     members = line.validator.envelope.members
@@ -629,15 +667,6 @@ class Bridge:
     def primary(self) -> AgentConnection:
         """The agent process started first; it answers everything not routed elsewhere."""
         return self.links[PRIMARY]
-
-    def live_sessions(self) -> set[str]:
-        return set(self.sessions.live)
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return {**os.environ, **self.options.agent_env}
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        return self.options.adapter_options.get(adapter, {})
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run background work of an adapter for as long as the connection lives."""
@@ -1112,7 +1141,7 @@ class Bridge:
             adapter_class = self.registry.choose(initialize_result)
         else:
             adapter_class = self.registry.get(self.options.adapter)
-        self.adapter = adapter_class(self)
+        self.adapter = adapter_class(LentContext(self))
 
     async def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
         """A call into the session store, off the event loop (it may wait on a lock)."""

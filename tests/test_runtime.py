@@ -14,6 +14,7 @@ import trio.testing
 from memory_agent import MemoryAgent, MemorySpawner
 from test_ids import Wire
 
+from acp_bridge.adapter import AdapterContext
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.relay import Bridge, BridgeOptions
@@ -252,3 +253,40 @@ async def test_what_the_agent_sends_after_an_intercepted_answer_reaches_the_clie
             update = await client.receive()
             assert answer["id"] == request_id, answer
             assert update["params"]["sessionId"] == answer["result"]["sessionId"]
+
+
+async def test_an_adapter_is_lent_the_adapter_context_and_nothing_else_of_the_bridge() -> None:
+    to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
+    from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
+    store = SessionStore(":memory:")
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            bridge = Bridge(
+                BridgeOptions(agent_argv=["memory-agent"], shutdown_grace=0.5),
+                to_bridge_receive,
+                from_bridge_send,
+                Lifecycle(store, "memory-agent"),
+                spawner=MemorySpawner(nursery),
+            )
+            finished = trio.Event()
+
+            async def run() -> None:
+                await bridge.run(watch_signals=False)
+                finished.set()
+
+            nursery.start_soon(run)
+            client = Wire(to_bridge_send, from_bridge_receive)
+            await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                               "params": {"protocolVersion": 1}})  # fmt: skip
+            await client.receive()
+            assert bridge.adapter is not None
+            context = bridge.adapter.context
+            interface = {name for name in vars(AdapterContext) if not name.startswith("_")}
+            interface |= set(AdapterContext.__annotations__)
+            assert {name for name in dir(context) if not name.startswith("_")} == interface
+            assert context.primary is bridge.primary
+            await to_bridge_send.aclose()
+            nursery.start_soon(drain, from_bridge_receive)
+            await finished.wait()
+            nursery.cancel_scope.cancel()
+    store.close()
