@@ -159,8 +159,11 @@ class AgentProcess:
         extra_env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         private_files: Sequence[str] = (),
+        stderr: int | None = None,
     ) -> AgentProcess:
         """Start ``argv`` in a new process group, watched until :meth:`stop`.
+
+        Its stderr is the bridge's, or the file descriptor ``stderr``.
 
         ``private_files`` (paths, e.g. a prompt file the agent reads) are removed by the
         watchdog should the bridge die before it could clean up itself.
@@ -174,7 +177,7 @@ class AgentProcess:
                 list(argv),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=None,
+                stderr=stderr,
                 env=env,
                 cwd=cwd,
                 start_new_session=True,

@@ -173,6 +173,8 @@ class Runtime:
     variables: dict[str, str]
     install: str = ""
     """The preset's install hint, for an agent that cannot be started."""
+    adapter_source: str = ""
+    """Where the adapter was named, in words; empty when it is chosen automatically."""
 
     def start_failure(self, exc: AgentStartError) -> click.ClickException:
         """The error for an agent that cannot be started, with how to install it."""
@@ -270,6 +272,14 @@ def resolve_runtime(
         raise click.UsageError("no agent: give --agent NAME or an agent command after --")
     chosen = adapter or (preset_adapter if preset_adapter not in (None, "auto") else None)
     chosen = chosen or settings.adapter
+    if adapter:
+        adapter_source = "given with --adapter"
+    elif preset_adapter not in (None, "auto"):
+        adapter_source = f"named by the preset {agent_name!r}"
+    elif chosen != "auto":
+        adapter_source = "set by bridge.adapter in the configuration"
+    else:
+        adapter_source = ""
     try:
         registry = AdapterRegistry(settings.adapter_folders(lookup))
         if chosen != "auto":
@@ -289,7 +299,7 @@ def resolve_runtime(
         shutdown_grace=settings.shutdown_grace,
         adapter_options=settings.adapter_options,
     )
-    return Runtime(config, options, str(state_location), registry, lookup, install)
+    return Runtime(config, options, str(state_location), registry, lookup, install, adapter_source)
 
 
 def open_store(path: str) -> SessionStore:
@@ -461,37 +471,6 @@ def run(
     sys.exit(status)
 
 
-CHECK_TIMEOUT = 60.0
-
-
-async def run_check(runtime: Runtime) -> dict[str, Any]:
-    """Initialize the agent through an in-process bridge; report both sides of it."""
-    from acp_bridge import capabilities
-    from acp_bridge.embedded import open_embedded_bridge
-    from acp_bridge.store import SessionStore
-
-    store = SessionStore(":memory:")
-    with trio.fail_after(CHECK_TIMEOUT):
-        async with open_embedded_bridge(runtime.options, store, runtime.registry) as embedded:
-            advertised = await embedded.client.request(
-                "initialize",
-                {
-                    "protocolVersion": 1,
-                    "clientCapabilities": {},
-                    "clientInfo": {"name": "acp-bridge check", "version": __version__},
-                },
-            )
-            native = embedded.bridge.primary.initialize_result or {}
-            adapter = embedded.bridge.adapter
-    return {
-        "agent": native.get("agentInfo") or native.get("info"),
-        "native": capabilities.session_capabilities(native).get("systemPrompt"),
-        "adapter": adapter.name if adapter else None,
-        "advertised": capabilities.session_capabilities(advertised).get("systemPrompt"),
-        "initialize": {"agent": native, "bridge": advertised},
-    }
-
-
 @main.command(context_settings={"allow_interspersed_args": False})
 @_common_options
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
@@ -500,11 +479,12 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     """Initialize the agent once and show what it and the bridge advertise."""
     import json
 
+    from acp_bridge.check import report_lines, run_check
     from acp_bridge.client import ClientRequestError, ConnectionLost
 
     runtime = resolve_runtime(agent_cmd, **common)
     try:
-        report = trio.run(run_check, runtime)
+        report = trio.run(run_check, runtime.options, runtime.registry, runtime.adapter_source)
     except AgentStartError as exc:
         raise runtime.start_failure(exc) from exc
     except (trio.TooSlowError, ClientRequestError, ConnectionLost) as exc:
@@ -512,11 +492,8 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    agent = report["agent"] or {}
-    click.echo(f"agent:      {agent.get('name', '?')} {agent.get('version', '')}".rstrip())
-    click.echo(f"native:     systemPrompt {json.dumps(report['native'])}")
-    click.echo(f"adapter:    {report['adapter']}")
-    click.echo(f"advertised: systemPrompt {json.dumps(report['advertised'])}")
+    for line in report_lines(report):
+        click.echo(line)
 
 
 @main.command(context_settings={"allow_interspersed_args": False})

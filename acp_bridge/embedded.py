@@ -15,7 +15,7 @@ import trio
 from acp_bridge.client import AcpClient, connect
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
+from acp_bridge.relay import Bridge, BridgeOptions, Spawner, spawn_process
 from acp_bridge.store import SessionStore
 
 
@@ -31,15 +31,19 @@ async def open_embedded_bridge(
     options: BridgeOptions,
     store: SessionStore,
     registry: AdapterRegistry | None = None,
+    spawner: Spawner = spawn_process,
 ) -> AsyncIterator[EmbeddedBridge]:
-    """Start the agent behind a bridge; on exit close the client side and wait for shutdown."""
+    """Start the agent behind a bridge; on exit close the client side and wait for shutdown.
+    ``spawner`` starts the agent processes (by default with the bridge's stderr)."""
     client_socket, bridge_socket = trio.socket.socketpair()
     client_stream, bridge_stream = (
         trio.SocketStream(client_socket),
         trio.SocketStream(bridge_socket),
     )
     lifecycle = Lifecycle.for_command(store, options.agent_argv)
-    bridge = Bridge(options, bridge_stream, bridge_stream, lifecycle, registry=registry)
+    bridge = Bridge(
+        options, bridge_stream, bridge_stream, lifecycle, registry=registry, spawner=spawner
+    )
     await bridge.start_agent()  # outside the nursery, so a start failure is a plain error
     failure: Exception | None = None
     async with trio.open_nursery() as nursery:

@@ -31,13 +31,57 @@ def run_bridge(
     )
 
 
-def test_check_reports_native_choice_and_advertisement() -> None:
-    result = CliRunner().invoke(
-        main, ["check", "--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS]
+def check_lines(*args: str) -> dict[str, str]:
+    """``acp-bridge check ARGS`` through the real command line: its report, label -> text."""
+    done = run_bridge(["check", *args], b"")
+    assert done.returncode == 0, done.stderr
+    lines: dict[str, str] = {}
+    for line in done.stdout.decode().splitlines():
+        label, _, text = line.partition(":")
+        lines[label] = text.strip()
+    return lines
+
+
+def test_check_says_in_words_what_the_agent_and_the_bridge_offer() -> None:
+    report = check_lines("--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS)
+    assert report["agent"] == "fake-agent 1.0.0"
+    assert report["natively"] == "append and override (the agent advertises systemPrompt)"
+    assert report["adapter"] == (
+        "native, because the agent advertises systemPrompt and no other adapter recognises it"
     )
-    assert result.exit_code == 0, result.output
-    assert "adapter:    native" in result.output
-    assert 'advertised: systemPrompt {"mode": {"override": {}}}' in result.output
+    assert report["delivery"] == "agent supports systemPrompt itself: pass it through"
+    assert report["advertised"] == "append and override"
+    assert not any("{" in text for text in report.values()), report
+
+
+def test_check_without_a_native_capability_names_the_fallback_and_why() -> None:
+    report = check_lines("--", sys.executable, FAKE_AGENT)
+    assert report["natively"] == "nothing (the agent does not advertise systemPrompt)"
+    assert report["adapter"] == (
+        "first-turn, because no adapter recognises the agent and it does not advertise systemPrompt"
+    )
+    assert report["advertised"] == "append only"
+
+
+def test_check_says_an_adapter_was_given_and_the_policy_narrowed_the_offer() -> None:
+    agent = ["--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS]
+    report = check_lines("--adapter", "native", "--no-override", *agent)
+    assert report["adapter"] == "native, given with --adapter"
+    assert report["advertised"] == "append only"
+    report = check_lines("--adapter", "passthrough", *agent)
+    assert (
+        report["advertised"] == "append and override (the agent's own answer, relayed as it came)"
+    )
+    report = check_lines("--adapter", "passthrough", "--", sys.executable, FAKE_AGENT)
+    assert report["advertised"] == "nothing (the agent's own answer, relayed as it came)"
+
+
+def test_check_labels_the_agents_own_stderr() -> None:
+    script = f"echo 'starting up, says the agent' >&2; exec {sys.executable} {FAKE_AGENT}"
+    done = run_bridge(["check", "--", "sh", "-c", script], b"")
+    assert done.returncode == 0, done.stderr
+    assert b"agent stderr: starting up, says the agent\n" in done.stderr
+    assert b"starting up" not in done.stdout
 
 
 def test_check_with_no_override_policy_advertises_append_only() -> None:
