@@ -8,7 +8,10 @@ Shutdown closes stdin and gives the agent a moment (:data:`EOF_WAIT`) to exit by
 then signals the whole process group (SIGTERM, then SIGKILL after the grace), so wrappers
 such as ``npx`` cannot leave their child behind. Should the bridge die without shutting
 down (an editor SIGKILLs it), a watchdog process per group (``agent_watchdog.py``) ends
-the group and removes the agent's private files.
+the group and removes the agent's private files. The watchdog is started before the
+agent, which names its group to it before it runs (an agent started before the runtime
+loaded brings its own, :mod:`acp_bridge.launch`): there is no moment when an agent runs
+unwatched.
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Final
 
 import trio
 
-from acp_bridge.agent_watchdog import Processes, any_running, outside_group, signal_processes
+from acp_bridge.agent_watchdog import (
+    GRACE,
+    Processes,
+    Watchdog,
+    any_running,
+    outside_group,
+    signal_processes,
+)
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 
 log = logging.getLogger("acp_bridge.agent")
@@ -39,9 +47,7 @@ _GROUP_POLL: Final = 0.02
 # takes 2 s to go, so the whole shutdown must fit in well under a second.
 EOF_WAIT: Final = 0.4
 # How long the watchdog lets a group of an already dead bridge handle SIGTERM.
-WATCHDOG_GRACE: Final = 0.5
-_WATCHDOG: Final = Path(__file__).with_name("agent_watchdog.py")
-_RELEASE: Final = b"."
+WATCHDOG_GRACE: Final = GRACE
 
 
 class AgentStartError(Exception):
@@ -131,8 +137,7 @@ class AgentProcess:
         process: trio.Process | StartedProcess,
         argv: Sequence[str],
         *,
-        watchdog: subprocess.Popen[bytes] | None = None,
-        watchdog_pipe: int | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.process = process
         self.argv = list(argv)
@@ -147,7 +152,6 @@ class AgentProcess:
         self._stdin_closed = False
         self.terminated_by_bridge = False
         self._watchdog = watchdog
-        self._watchdog_pipe = watchdog_pipe
         # Descendants that left the agent's group (setsid), seen while the tree stood.
         self._escaped: Processes = {}
 
@@ -173,6 +177,13 @@ class AgentProcess:
             raise AgentStartError("", "the command is empty")
         env = {**os.environ, **(extra_env or {})}
         try:
+            watchdog = Watchdog.start(WATCHDOG_GRACE)
+        except OSError as exc:
+            cause = f"its watchdog could not start: {exc.strerror or exc}"
+            raise AgentStartError(argv[0], cause) from exc
+        for path in private_files:
+            watchdog.own(os.fspath(path))
+        try:
             process = await trio.lowlevel.open_process(
                 list(argv),
                 stdin=subprocess.PIPE,
@@ -181,38 +192,30 @@ class AgentProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
+                # Unsafe with threads only for code that takes a lock another thread may
+                # hold (imports, logging, I/O objects): this one only writes to a pipe.
+                preexec_fn=watchdog.child_setup(),
             )
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            watchdog.discard()
             # ValueError: an argument or variable with a NUL byte, say.
             cause = _describe_start_failure(exc, argv[0], cwd)
             raise AgentStartError(argv[0], cause) from exc
-        log.debug("started agent pid %d: %s", process.pid, argv[0])
-        _reap_released()
-        try:
-            watchdog, pipe = _start_watchdog(process.pid, private_files)
         except BaseException:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with trio.CancelScope(shield=True):
-                await process.wait()
+            watchdog.discard()
             raise
-        return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
+        log.debug("started agent pid %d: %s", process.pid, argv[0])
+        return cls(process, argv, watchdog=watchdog)
 
     @classmethod
-    def adopt(cls, popen: subprocess.Popen[bytes], argv: Sequence[str]) -> AgentProcess:
-        """Take over an agent started before trio ran (see :mod:`acp_bridge.launch`):
-        its pipes become trio streams, and it gets its watchdog now."""
+    def adopt(
+        cls, popen: subprocess.Popen[bytes], argv: Sequence[str], watchdog: Watchdog
+    ) -> AgentProcess:
+        """Take over an agent started before trio ran (see :mod:`acp_bridge.launch`),
+        with the watchdog it was started under: its pipes become trio streams."""
         process = StartedProcess(popen)
         log.debug("adopted agent pid %d: %s", process.pid, argv[0])
-        _reap_released()
-        try:
-            watchdog, pipe = _start_watchdog(process.pid, ())
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            popen.wait()
-            raise
-        return cls(process, argv, watchdog=watchdog, watchdog_pipe=pipe)
+        return cls(process, argv, watchdog=watchdog)
 
     @property
     def pid(self) -> int:
@@ -298,34 +301,13 @@ class AgentProcess:
         return status
 
     async def _release_watchdog(self) -> None:
-        """The group is gone: tell the watchdog so. It exits at once; it is reaped later
-        (:func:`_reap_released`), so that stopping an agent does not wait for it."""
-        pipe, self._watchdog_pipe = self._watchdog_pipe, None
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                os.write(pipe, _RELEASE)
-            os.close(pipe)
-        if self._watchdog is not None:
-            _released.append(self._watchdog)
-            self._watchdog = None
-        _reap_released()
+        """The group is gone: tell the watchdog so."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.release()
 
-    def __del__(self) -> None:
-        # An AgentProcess dropped without stop(): closing the pipe makes the watchdog end
-        # the group, as if the bridge had died.
-        pipe = getattr(self, "_watchdog_pipe", None)
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                os.close(pipe)
-
-
-# Watchdogs told to exit and not reaped yet: each start or stop reaps those that have
-# exited, so a long-running server does not collect zombies.
-_released: list[subprocess.Popen[bytes]] = []
-
-
-def _reap_released() -> None:
-    _released[:] = [watchdog for watchdog in _released if watchdog.poll() is None]
+    # An AgentProcess dropped without stop(): its watchdog, dropped with it, ends the
+    # group, as if the bridge had died.
 
 
 def _group_has_running_member(pgid: int) -> bool:
@@ -345,26 +327,3 @@ def _group_has_running_member(pgid: int) -> bool:
         if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
             return True
     return False
-
-
-def _start_watchdog(pgid: int, private_files: Sequence[str]) -> tuple[subprocess.Popen[bytes], int]:
-    # A plain Popen, not a trio.Process: it is reaped by poll() from whichever trio run
-    # (or none) comes next, and a trio.Process must not be touched outside its own run.
-    # Spawning it takes about a millisecond (vfork), so the event loop is not held up.
-    read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
-    try:
-        argv = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pgid), str(WATCHDOG_GRACE)]
-        argv += [os.fspath(p) for p in private_files]
-        watchdog = subprocess.Popen(
-            argv,
-            stdin=read_end,
-            stdout=subprocess.DEVNULL,
-            # Its own session: a signal to the bridge's process group must not take it along.
-            start_new_session=True,
-        )
-    except BaseException:
-        os.close(write_end)
-        raise
-    finally:
-        os.close(read_end)
-    return watchdog, write_end

@@ -1,15 +1,25 @@
-"""The watchdog of one agent process group: it ends the group when the bridge dies.
+"""The watchdog: a small process that ends an agent's process group, and removes private
+files, when the bridge dies.
 
 An editor may SIGKILL the bridge it launched; the bridge then cannot stop its agent, and
 an agent that ignores stdin EOF (codex-acp, claude-agent-acp 0.23.x) would run on under
 init, with its children. Each agent process group therefore gets this small process, in
 a session of its own (so a signal to the bridge's group does not take it along). It
-blocks reading a pipe whose only write end the bridge holds:
+reads a pipe whose only write end the bridge holds, a record at a time (each ends with
+a NUL byte):
 
-* one byte arrives: the bridge stopped the group itself; exit quietly;
-* end of file without a byte: the bridge is gone (the kernel closed its end, whatever
+* ``G<pgid>``: the process group to end. The agent writes it itself, in the child
+  between fork and exec (:meth:`Watchdog.child_setup`), so the group is watched from
+  its first instant: the watchdog is started before the agent, and no moment exists
+  when the agent runs and the watchdog does not know it;
+* ``F<path>``: a private file or folder to remove; ``D<path>``: the bridge removed it;
+* ``R``: the bridge stopped the group and removed its files itself; exit quietly;
+* end of file without ``R``: the bridge is gone (the kernel closed its end, whatever
   killed it). SIGTERM the group, SIGKILL what is left after a short grace, remove the
-  private files the bridge named, exit.
+  private files still named, exit.
+
+The same process without a group keeps a pool's private folders (``acp_bridge.pool``):
+they are named to it as soon as they exist, before any prompt text is written to them.
 
 Descendants that left the group (a child that called ``setsid``, as codex-acp's shell
 snapshot does) are found by walking the process tree down from the group's leader while
@@ -20,20 +30,134 @@ itself finds them (:func:`outside_group`), so both use one definition.
 grandchildren behind ``npx`` or a shell, and it fires when the *thread* that forked the
 child exits, which under trio is a worker thread that retires after 10 s of idleness.
 
-Run as a script (``python -I -S agent_watchdog.py PGID GRACE [FILE...]``) with the pipe as
-stdin: standard library only, so it starts in milliseconds without the bridge's packages.
+Standard library only, for both ends: :mod:`acp_bridge.launch` starts a watchdog before
+anything heavy is imported, and the script (``python -I -S agent_watchdog.py GRACE``,
+the pipe as stdin) starts in milliseconds without the bridge's packages.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
-POLL = 0.02
+if TYPE_CHECKING:
+    import subprocess
+
+POLL: Final = 0.02
+# How long the group of an already dead bridge gets to handle SIGTERM.
+GRACE: Final = 0.5
+_SCRIPT: Final = os.path.abspath(__file__)
+_END: Final = b"\0"
+GROUP: Final = b"G"
+OWN: Final = b"F"
+DISOWN: Final = b"D"
+RELEASE: Final = b"R"
+
+
+class Watchdog:
+    """The bridge's end of one watchdog process: the pipe it reads, and the process.
+
+    :meth:`start` it before the agent, pass :meth:`child_setup` as the agent's
+    ``preexec_fn``; :meth:`release` it once the bridge has stopped the group and removed
+    the files itself. Dropped without :meth:`release` (or :meth:`abandon`-ed), it does
+    what it does when the bridge dies.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], pipe: int) -> None:
+        self.process = process
+        self._pipe: int | None = pipe
+
+    @classmethod
+    def start(cls, grace: float = GRACE) -> Watchdog:
+        """Start a watchdog that names nothing yet. Raises OSError if it cannot start."""
+        import subprocess
+
+        _reap_released()
+        read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", _SCRIPT, str(grace)],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                # Its own session: a signal to the bridge's process group must not take
+                # it along.
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return cls(process, write_end)
+
+    def child_setup(self) -> Callable[[], None]:
+        """A ``preexec_fn`` for the agent: in the child, after ``setsid`` and before
+        ``exec``, it names its own group (its pid) to this watchdog. It takes no lock
+        (one ``write`` to a pipe), so it is safe in a process that runs other threads."""
+        pipe = self._pipe
+        assert pipe is not None, "the watchdog was released"
+
+        def name_own_group() -> None:
+            os.write(pipe, GROUP + str(os.getpid()).encode() + _END)
+
+        return name_own_group
+
+    def _send(self, record: bytes) -> None:
+        # One write of at most PIPE_BUF bytes is atomic; the watchdog reads at once, so
+        # a write never waits. A watchdog that died leaves nothing to tell.
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._pipe, record + _END)
+
+    def own(self, path: str) -> None:
+        """Remove ``path`` (a file or a folder) should the bridge die."""
+        self._send(OWN + os.fsencode(path))
+
+    def disown(self, path: str) -> None:
+        """``path`` was removed by the bridge: forget it."""
+        self._send(DISOWN + os.fsencode(path))
+
+    def release(self) -> None:
+        """The bridge has done the watchdog's work itself: it exits at once, and is reaped
+        later (by the next :meth:`start`), so that stopping an agent does not wait for it."""
+        self._send(RELEASE)
+        self.abandon()
+        _released.append(self.process)
+        _reap_released()
+
+    def discard(self) -> None:
+        """End a watchdog that has nothing to watch (the agent could not start) at once."""
+        self.abandon()
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.process.wait()
+
+    def abandon(self) -> None:
+        """Close the bridge's end: the watchdog acts as if the bridge had died."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            os.close(pipe)
+
+    def __del__(self) -> None:
+        pipe = getattr(self, "_pipe", None)
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(pipe)
+
+
+# Watchdogs told to exit and not reaped yet: each start or release reaps those that have
+# exited, so a long-running server does not collect zombies.
+_released: list[subprocess.Popen[bytes]] = []
+
+
+def _reap_released() -> None:
+    _released[:] = [watchdog for watchdog in _released if watchdog.poll() is None]
+
 
 # pid -> start time, so that a pid the kernel gave to another process is never signalled.
 Processes = dict[int, bytes]
@@ -119,23 +243,40 @@ def end_group(pgid: int, grace: float) -> None:
     signal_processes(escaped, signal.SIGKILL)
 
 
+def _remove(path: bytes) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def main(argv: list[str]) -> int:
-    pgid, grace, files = int(argv[1]), float(argv[2]), argv[3:]
+    grace = float(argv[1])
+    groups: list[int] = []
+    owned: dict[bytes, None] = {}  # in the order named
+    pending = b""
     while True:
-        try:
-            released = os.read(0, 1)
+        chunk = os.read(0, 4096)
+        if not chunk:
             break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries already
-            continue
-    if released:
-        return 0
-    end_group(pgid, grace)
-    for path in files:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        *records, pending = (pending + chunk).split(_END)
+        for record in records:
+            kind, value = record[:1], record[1:]
+            if kind == RELEASE:
+                return 0
+            if kind == GROUP:
+                groups.append(int(value))
+            elif kind == OWN:
+                owned[value] = None
+            elif kind == DISOWN:
+                owned.pop(value, None)
+    for pgid in groups:
+        end_group(pgid, grace)
+    for path in owned:
+        _remove(path)
     return 0
 
 

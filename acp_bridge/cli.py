@@ -377,7 +377,7 @@ async def run_stdio_started_first(
     replay = Replay(exchange) if exchange is not None and early is not None else None
     try:
         if early is not None:
-            started = AgentProcess.adopt(early, list(agent_cmd))
+            started = AgentProcess.adopt(early.process, list(agent_cmd), early.watchdog)
             if replay is not None:
                 replay.agent(started)
         else:

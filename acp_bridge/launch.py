@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+from acp_bridge.agent_watchdog import Watchdog
 
 from acp_bridge import builtin_adapters
 
@@ -46,8 +48,16 @@ NEUTRAL_OPTIONS: Final = {
     "--no-override": False,
 }
 
+
+class Started(NamedTuple):
+    """An agent started early, and the watchdog it was started under."""
+
+    process: subprocess.Popen[bytes]
+    watchdog: Watchdog
+
+
 # The process started early, under its command; taken (once) by the run command.
-_STARTED: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
+_STARTED: dict[tuple[str, ...], Started] = {}
 
 
 def early_options(args: Sequence[str]) -> tuple[list[str], dict[str, str | None]] | None:
@@ -101,35 +111,48 @@ def default_config_file(environ: Mapping[str, str] | None = None) -> str:
 
 
 def start_early(args: Sequence[str]) -> None:
-    """Start the agent now if ``args`` (the bridge's arguments) allow it."""
+    """Start the agent now if ``args`` (the bridge's arguments) allow it.
+
+    It is supervised from its spawn (spec §3): its watchdog starts first, and the agent
+    names its group to it before it runs, so a bridge killed at any moment after this
+    leaves nothing behind.
+    """
     argv = agent_command(args)
     if argv is None:
         return
+    try:
+        watchdog = Watchdog.start()
+    except OSError:
+        return  # the usual path tries again, and tells the client why it cannot
     try:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # its own process group, as the usual path does
+            # It only writes to a pipe; and no other thread runs yet.
+            preexec_fn=watchdog.child_setup(),  # noqa: PLW1509
         )
-    except (OSError, ValueError):
+    except (OSError, ValueError, subprocess.SubprocessError):
+        watchdog.discard()
         return  # the usual path starts it again and tells the client why it cannot
-    _STARTED[tuple(argv)] = process
+    _STARTED[tuple(argv)] = Started(process, watchdog)
     # Should the bridge stop before adopting it (a usage error, say), the agent must not
-    # outlive it: nothing else knows of this process yet.
+    # outlive it, nor wait for its watchdog to notice.
     atexit.register(_stop_unadopted)
 
 
 def _stop_unadopted() -> None:
-    for process in _STARTED.values():
+    for process, watchdog in _STARTED.values():
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        watchdog.release()
     _STARTED.clear()
 
 
-def take(argv: Sequence[str]) -> subprocess.Popen[bytes] | None:
-    """The process started early for ``argv`` (once), else None."""
+def take(argv: Sequence[str]) -> Started | None:
+    """The process started early for ``argv`` (once), with its watchdog, else None."""
     return _STARTED.pop(tuple(argv), None)
 
 
@@ -155,7 +178,8 @@ def exchange_early(args: Sequence[str]) -> None:
     if parsed is None or len(_STARTED) != 1:
         return
     argv, options = parsed
-    process = _STARTED.get(tuple(argv))
+    started = _STARTED.get(tuple(argv))
+    process = started.process if started is not None else None
     if process is None or process.stdin is None or process.stdout is None:
         return
     if "--config" in options or os.path.exists(default_config_file()):

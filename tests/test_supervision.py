@@ -30,27 +30,29 @@ async def ready(bridge: RunningBridge) -> None:
     await bridge.response_to("ready")
 
 
-def watchdogs_of(pgid: int) -> list[int]:
-    """Processes running the watchdog script for this process group."""
+def watchdogs_of(parent: int) -> list[int]:
+    """Processes running the watchdog script started by ``parent`` (the group a watchdog
+    watches is told to it over its pipe, not on its command line)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         watchdog = any(a.endswith(b"agent_watchdog.py") for a in argv)
-        if watchdog and str(pgid).encode() in argv and pid_alive(int(entry.name)):
+        if watchdog and ppid == parent and pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
 
-async def watchdogs_running(pgid: int) -> list[int]:
-    """The group's watchdogs, once started (a forked child shows its parent's command line
-    until it has exec'd)."""
+async def watchdogs_running(parent: int, count: int = 1) -> list[int]:
+    """The watchdogs ``parent`` started, once ``count`` of them run (a forked child shows
+    its parent's command line until it has exec'd)."""
     with trio.move_on_after(5):
-        while not (found := watchdogs_of(pgid)):
+        while len(found := watchdogs_of(parent)) < count:
             await trio.sleep(0.02)
         return found
     return []
@@ -77,12 +79,12 @@ async def test_sigkilled_bridge_leaves_no_agent_grandchild_or_watchdog(
             await ready(bridge)
             pids = bridge.pids()
             assert len(pids) == 2
-            agent = pids[0]
-            assert await watchdogs_running(agent), "no watchdog runs for the agent's group"
+            watchdogs = await watchdogs_running(bridge.process.pid)
+            assert watchdogs, "no watchdog runs for the agent's group"
             bridge.process.kill()
             await bridge.wait()
             assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
-            assert await survivors_after(watchdogs_of(agent), 1.0) == []
+            assert await survivors_after(watchdogs, 1.0) == []
 
 
 async def test_sigkilled_bridge_leaves_no_grandchild_that_started_its_own_session(
@@ -95,7 +97,7 @@ async def test_sigkilled_bridge_leaves_no_grandchild_that_started_its_own_sessio
             await ready(bridge)
             pids = bridge.pids()
             assert len(pids) == 2
-            await watchdogs_running(pids[0])
+            await watchdogs_running(bridge.process.pid)
             bridge.process.kill()
             await bridge.wait()
             assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
@@ -153,8 +155,9 @@ async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Pat
 
 async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
     with trio.fail_after(30):
+        before = set(watchdogs_of(os.getpid()))
         agent = await AgentProcess.start([sys.executable, "-c", "import time; time.sleep(60)"])
-        (watchdog,) = await watchdogs_running(agent.pgid)
+        (watchdog,) = set(await watchdogs_running(os.getpid(), len(before) + 1)) - before
         await agent.stop(1.0)
         assert await survivors_after([watchdog], 1.0) == []
         # Reaped by the next start or stop: no zombie is left in a long-running bridge.
