@@ -21,9 +21,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from acp_bridge.agent_watchdog import Watchdog
-
 from acp_bridge import builtin_adapters
+from acp_bridge.agent_watchdog import Watchdog
 
 if TYPE_CHECKING:
     from acp_bridge.early_initialize import Exchange
