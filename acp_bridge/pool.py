@@ -28,6 +28,7 @@ learn that a process exited on its own, so the pool looks at ``link.closed`` eve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -111,16 +112,25 @@ class PrivateDir:
             raise ValueError(f"{name!r} is not a plain path inside the private directory")
         return self.path.joinpath(*relative.parts)
 
+    def _make_folders(self, path: Path) -> None:
+        """``path`` and every missing folder between it and the directory, each 0700
+        (``Path.mkdir(parents=True)`` gives the parents the umask's mode)."""
+        folder = self.path
+        for part in path.relative_to(self.path).parts:
+            folder = folder / part
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+
     def mkdir(self, name: str) -> Path:
         """A sub-directory (0700), parents included."""
         path = self._inside(name)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_folders(path)
         return path
 
     def write(self, name: str, text: str) -> Path:
         """Write ``text`` (UTF-8) to a new file readable only by the user; its path."""
         path = self._inside(name)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_folders(path.parent)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
@@ -130,7 +140,7 @@ class PrivateDir:
     def link(self, name: str, target: Path) -> Path:
         """A symbolic link to ``target`` (for carrying a user's own file over)."""
         path = self._inside(name)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_folders(path.parent)
         path.symlink_to(target)
         return path
 

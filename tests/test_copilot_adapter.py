@@ -54,6 +54,8 @@ def test_append_is_an_instructions_file_in_a_listed_private_directory(
     assert path.name.endswith(".instructions.md")
     assert path.read_text(encoding="utf-8") == TEXT  # no front matter of ours
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for folder in (path.parent, path.parent.parent):  # .github/instructions, .github
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 def test_a_text_that_opens_like_front_matter_is_not_read_as_front_matter(

@@ -479,6 +479,31 @@ async def test_invalid_options_name_the_adapter_and_the_key() -> None:
             FilePool(FakeContext(nursery, {"max_processes": 0}))
 
 
+def test_every_folder_inside_a_private_dir_is_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    # copilot's .github/instructions/: the intermediate folder was made with the umask's
+    # mode (0755) inside the 0700 one.
+    private = PrivateDir.create("t-", tmp_path)
+    old = os.umask(0o022)
+    try:
+        made = [
+            private.write("a/b/c.md", "x").parent,
+            private.mkdir("d/e/f"),
+            private.link("g/h/link", tmp_path).parent,
+        ]
+    finally:
+        os.umask(old)
+    folders = {private.path}
+    for folder in made:
+        folders.update(p for p in [folder, *folder.parents] if p.is_relative_to(private.path))
+    assert len(folders) == 8  # the dir, a, a/b, d, d/e, d/e/f, g, g/h
+    assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in folders} == {
+        f.name: "0o700" for f in folders
+    }
+    private.remove()
+
+
 def test_private_dir_refuses_paths_outside_it(tmp_path: Path) -> None:
     private = PrivateDir.create("t-", tmp_path)
     for name in ("../x", "/etc/x", "a/../../x", ""):
