@@ -119,6 +119,9 @@ class AgentLink(Protocol):
     def closed(self) -> bool:
         """True once the process has exited."""
 
+    async def wait_closed(self) -> None:
+        """Return once the process has exited (at once if it has)."""
+
     async def request(self, method: str, params: JsonObject) -> Any:
         """Send a request of the bridge's own; return its result or raise AgentError/AgentExited."""
 

@@ -21,9 +21,8 @@ gets the prompt and a :class:`PrivateDir` (mode 0700, made for that one process,
 when it stops) and returns the extra arguments and environment. Options come from
 ``bridge.adapter_options.<adapter name>`` (:class:`PoolOptions`).
 
-Only the public :class:`~acp_bridge.adapter.AdapterContext` is used. It has no way to
-learn that a process exited on its own, so the pool looks at ``link.closed`` every
-:data:`EXIT_POLL_INTERVAL` seconds to drop such a process and its files.
+Only the public :class:`~acp_bridge.adapter.AdapterContext` is used: a process that exits
+on its own is dropped with its files when its link's ``wait_closed()`` returns.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -56,9 +55,6 @@ from acp_bridge.agent_process import AgentStartError
 from acp_bridge.capabilities import agent_name
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.system_prompt import SystemPrompt
-
-# How often the pool looks whether a process it started has exited on its own.
-EXIT_POLL_INTERVAL: Final = 0.5
 
 
 @dataclass(frozen=True)
@@ -383,11 +379,9 @@ class PoolAdapter(Adapter):
                 pooled.private.remove()
 
     async def _watch_exit(self, pooled: PooledProcess) -> None:
-        """Drop a process that exited on its own, with its private files."""
-        while not pooled.link.closed:
-            if self.pool.get(pooled.key) is not pooled:
-                return  # stopped by the pool, which cleaned up
-            await trio.sleep(EXIT_POLL_INTERVAL)
+        """Drop a process that exited on its own, with its private files (one the pool
+        stopped itself is no longer in the pool: it cleaned up then)."""
+        await pooled.link.wait_closed()
         if self.pool.get(pooled.key) is pooled:
             # The relay logs how it exited; a crash is a warning there.
             self.log.info("%s exited; its sessions are gone", pooled.link.name)

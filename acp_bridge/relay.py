@@ -87,7 +87,6 @@ AGENT_EXIT_DRAIN: Final = 0.2
 
 # After the client's EOF, how long frames it sent may still wait for an interception.
 CLIENT_EOF_SETTLE: Final = 5.0
-SETTLE_POLL: Final = 0.01
 # After every process is stopped, how long their last answers may take to reach the client.
 FINAL_DRAIN: Final = 1.0
 WRITE_FAILED: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -319,6 +318,10 @@ class AgentConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             log.debug("%s: write failed; the agent is gone", self.name)
 
+    async def wait_closed(self) -> None:
+        """Return once the process has exited and what it wrote last reached the client."""
+        await self.done.wait()
+
     async def request(self, method: str, params: JsonObject) -> Any:
         """A request of the bridge's own: its result, or AgentError / AgentExited."""
         waiter = self.bridge.router.request(self.hop, method, params)
@@ -376,6 +379,7 @@ class Call:
         message = None if unchanged else {**self.frame.message, "params": self.params}
         waiter, events = self.bridge.router.forward(self.token, target.hop, message)
         self.bridge.handle(events)
+        self.bridge.interception_moved()
         answer = await self.bridge.wait_for(waiter, target)
         if isinstance(answer, AgentExited):
             return Reply.internal(str(answer), {"exitStatus": answer.status})
@@ -486,6 +490,9 @@ class Bridge:
         self._stopping = False
         self._finished = trio.Event()
         self._client_went_away = trio.Event()
+        # Set (and replaced) each time an interception is forwarded or answered: the only
+        # steps after which the router can have become settled or stopped intercepting.
+        self._interception_moved = trio.Event()
 
     # ------------------------------------------------------------------ wiring
 
@@ -511,6 +518,16 @@ class Bridge:
                 self._waiters.pop(event.waiter).set(event.frame)
             elif isinstance(event, Abandoned):
                 self._waiters.pop(event.waiter).set(AgentExited(event.status))
+
+    def interception_moved(self) -> None:
+        """An interception was forwarded or answered: wake what waits in :meth:`_until`."""
+        self._interception_moved.set()
+        self._interception_moved = trio.Event()
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition`` (of the router's interceptions) holds."""
+        while not condition():
+            await self._interception_moved.wait()
 
     async def wait_for(self, waiter_id: int | None, link: AgentConnection) -> Frame | AgentExited:
         if waiter_id is None:
@@ -584,8 +601,7 @@ class Bridge:
         with trio.move_on_after(FINAL_DRAIN):
             for link in tuple(self.links.values()):
                 await link.done.wait()
-            while self.router.intercepting:
-                await trio.sleep(SETTLE_POLL)
+            await self._until(lambda: not self.router.intercepting)
         with trio.move_on_after(FINAL_DRAIN):
             await self.flush_client()
             # An answer another task is still writing (it took the frames already) must
@@ -867,8 +883,7 @@ class Bridge:
         ``initialize``); they are passed on first, within a bound.
         """
         with trio.move_on_after(CLIENT_EOF_SETTLE):
-            while not self.router.settled:
-                await trio.sleep(SETTLE_POLL)
+            await self._until(lambda: self.router.settled)
             await self.flush_client()
             for link in tuple(self.links.values()):
                 with contextlib.suppress(*WRITE_FAILED):
@@ -1075,6 +1090,7 @@ class Bridge:
             log.exception("handling %s failed", frame.method)
             reply = Reply.internal(f"The bridge failed to handle {frame.method}.", str(exc))
         self.handle(self.router.answer(token, self._encode_reply(frame, reply)))
+        self.interception_moved()
         await self.flush_all()
 
     @staticmethod

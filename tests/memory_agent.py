@@ -11,7 +11,8 @@ request and answers with the client's result). ``session/new`` answers ``sess-N`
 ``session/close`` and ``session/delete`` answer ``{}`` (or ``close_error``);
 ``session/prompt`` answers ``{"stopReason": "end_turn"}`` at once or ``cancelled`` after
 ``session/cancel``. ``protocol_version=2`` answers ``initialize`` in version 2's shape
-(``info``, ``capabilities.session``).
+(``info``, ``capabilities.session``). ``initialize_gate``: an event ``initialize`` is
+answered only once set; :meth:`MemoryAgent.exit` ends it as a crash would.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class MemoryAgent:
         commands_after_new: bool = False,
         protocol_version: int = 1,
         close_error: Mapping[str, Any] | None = None,
+        initialize_gate: trio.Event | None = None,
     ) -> None:
         MemoryAgent._pids += 1
         self.pid = MemoryAgent._pids
@@ -69,6 +71,7 @@ class MemoryAgent:
         self._sessions = 0
         self._cancel_scope = trio.CancelScope()
         self.prompt_gate: trio.Event | None = None
+        self.initialize_gate = initialize_gate
 
     async def run(self) -> None:
         try:
@@ -131,6 +134,8 @@ class MemoryAgent:
             if waiting is not None:
                 await self._answer(waiting, message.get("result"))
             return
+        if method == "initialize" and self.initialize_gate is not None:
+            await self.initialize_gate.wait()
         if method == "initialize" and self.protocol_version == 2:
             await self._answer(
                 request_id,
@@ -193,6 +198,11 @@ class MemoryAgent:
                     "error": {"code": -32601, "message": f"no method {method}"},
                 }
             )
+
+    def exit(self, status: int) -> None:
+        """End now, as a crash would: nothing more is read or answered."""
+        self.returncode = status
+        self._cancel_scope.cancel()
 
     async def wait(self) -> int:
         await self._exited.wait()

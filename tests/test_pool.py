@@ -49,6 +49,15 @@ class FakeProcess:
     has_close: bool = True
     refuse_reopens: int = 0
     """How many reopens to refuse with -32603 (an agent still releasing a closed session)."""
+    exited: trio.Event = field(default_factory=trio.Event)
+
+    def exit(self) -> None:
+        """The process ends: stopped, or on its own."""
+        self.closed = True
+        self.exited.set()
+
+    async def wait_closed(self) -> None:
+        await self.exited.wait()
 
     def methods(self) -> list[str]:
         return [method for method, _ in self.received]
@@ -118,7 +127,7 @@ class FakeContext:
 
     async def stop_agent(self, link: AgentLink) -> None:
         assert isinstance(link, FakeProcess)
-        link.closed = True
+        link.exit()
         self.stopped.append(link)
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
@@ -414,13 +423,16 @@ async def test_past_the_maximum_a_new_prompt_gets_a_clear_error(private_dirs: Pa
 
 
 async def test_a_process_that_exits_on_its_own_is_dropped_with_its_files(
-    private_dirs: Path, autojump_clock: trio.testing.MockClock
+    private_dirs: Path, mock_clock: trio.testing.MockClock
 ) -> None:
+    """Dropped as it exits: the clock stands still (nothing polls)."""
     async with open_pool() as pool:
         session = await pool.new(override("X"))
         process = pool.holder(session)
-        process.closed = True  # crashed
-        await trio.sleep(1)
+        await trio.testing.wait_all_tasks_blocked()  # the pool watches it
+        assert list(private_dirs.iterdir()) != []
+        process.exit()  # crashed
+        await trio.testing.wait_all_tasks_blocked()
         assert pool.adapter.route("session/prompt", {"sessionId": session}) is None
         assert list(private_dirs.iterdir()) == []
         again = await pool.new(override("X"))

@@ -23,6 +23,7 @@ from acp_bridge.system_prompt import SystemPrompt
 
 USER_ADAPTERS = Path(__file__).with_name("adapters")
 PROMPT = {"mode": "append", "content": [{"type": "text", "text": "Be brief."}]}
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
 
 
 @asynccontextmanager
@@ -32,8 +33,10 @@ async def bridge_over_memory(
     adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
     agent_name: str = "memory-agent",
     agent_options: dict[str, Any] | None = None,
+    initialize: bool = True,
     **options: Any,
 ) -> AsyncIterator[tuple[Wire, MemoryAgent]]:
+    """A bridge in front of a memory agent; ``initialize``: exchanged before the body."""
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(":memory:")
@@ -55,14 +58,16 @@ async def bridge_over_memory(
 
         nursery.start_soon(run)
         client = Wire(to_bridge_send, from_bridge_receive)
-        await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                           "params": {"protocolVersion": 1}})  # fmt: skip
-        advertised = await client.receive()
-        if advertised["result"]["protocolVersion"] == 2:
-            assert "systemPrompt" in advertised["result"]["capabilities"]["session"]
+        if initialize:
+            await client.send(INITIALIZE)
+            advertised = await client.receive()
+            if advertised["result"]["protocolVersion"] == 2:
+                assert "systemPrompt" in advertised["result"]["capabilities"]["session"]
+            else:
+                caps = advertised["result"]["agentCapabilities"]
+                assert "systemPrompt" in caps["sessionCapabilities"]
         else:
-            caps = advertised["result"]["agentCapabilities"]
-            assert "systemPrompt" in caps["sessionCapabilities"]
+            await trio.testing.wait_all_tasks_blocked()  # the agent started
         yield client, spawner.agents[0]
         await to_bridge_send.aclose()
         # Read what is left, as a client does, until the bridge has finished.
@@ -290,3 +295,49 @@ async def test_an_adapter_is_lent_the_adapter_context_and_nothing_else_of_the_br
             await finished.wait()
             nursery.cancel_scope.cancel()
     store.close()
+
+
+async def test_after_the_client_left_frames_behind_an_interception_go_as_it_is_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The client's EOF while ``initialize`` is intercepted: what waits behind it reaches
+    the agent the moment it is answered, with no time passing (nothing polls)."""
+    answer_initialize = trio.Event()
+    with trio.fail_after(5):
+        async with bridge_over_memory(
+            initialize=False, agent_options={"initialize_gate": answer_initialize}
+        ) as (client, agent):
+            start = trio.current_time()
+            await client.send(INITIALIZE)
+            await client.send({"jsonrpc": "2.0", "id": "behind", "method": "_test/echo",
+                               "params": {}})  # fmt: skip
+            await client.send_stream.aclose()
+            await trio.testing.wait_all_tasks_blocked()
+            assert [message["method"] for message in agent.received] == ["initialize"]
+            answer_initialize.set()
+            assert (await client.receive())["id"] == 0
+            assert await client.receive() == {"jsonrpc": "2.0", "id": "behind", "result": {}}
+    assert trio.current_time() == start
+    assert [message["method"] for message in agent.received] == ["initialize", "_test/echo"]
+
+
+async def test_an_interception_open_when_the_agent_exits_is_answered_before_the_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The agent exits while a hook still runs: the bridge ends once the hook's answer is
+    out, with no time passing (nothing polls)."""
+    before = trio.Event()
+    with trio.fail_after(5):
+        async with bridge_over_memory(
+            adapter="lingering", adapter_options={"lingering": {"before": before}}
+        ) as (client, agent):
+            start = trio.current_time()
+            await client.send(new_session("held"))
+            await trio.testing.wait_all_tasks_blocked()
+            agent.exit(1)
+            await trio.testing.wait_all_tasks_blocked()
+            before.set()
+            answer = await client.receive()
+            assert answer["id"] == "held"
+            assert answer["error"]["data"] == {"exitStatus": 1}
+    assert trio.current_time() == start
