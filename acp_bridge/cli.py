@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from acp_bridge.registry import AdapterRegistry
     from acp_bridge.relay import AgentHandle, BridgeOptions
     from acp_bridge.settings import Config
-    from acp_bridge.store import SessionStore
+    from acp_bridge.store import SessionStore, StoreError
     from acp_bridge.trace import Tracer
 
 # The run command imports the relay, the settings and the adapters (pydantic among them)
@@ -322,6 +322,7 @@ async def run_stdio(
     ``replay``: the initialize exchange done before the bridge loaded, if any."""
     from acp_bridge.lifecycle import Lifecycle
     from acp_bridge.relay import Bridge
+    from acp_bridge.store import SessionStore, StoreError
 
     if acp_fd is None:
         acp_fd = claim_stdout()
@@ -329,9 +330,14 @@ async def run_stdio(
     client_out: trio.abc.SendStream = trio.lowlevel.FdStream(acp_fd)
     widen_pipe(0)
     widen_pipe(acp_fd)
+    try:
+        store = SessionStore(runtime.state)
+    except StoreError as exc:
+        return await refuse_without_store(
+            runtime, exc, client_in, client_out, started=started, replay=replay
+        )
     if replay is not None:
         client_in, client_out = replay.client(client_in, client_out)
-    store = open_store(runtime.state)
     try:
         lifecycle = Lifecycle.for_command(store, runtime.options.agent_argv)
         bridge = Bridge(
@@ -348,6 +354,50 @@ async def run_stdio(
         return await bridge.run()
     finally:
         store.close()
+
+
+# The exit status of a bridge whose session database cannot be used.
+STORE_FAILED_STATUS: Final = 1
+
+
+async def refuse_without_store(
+    runtime: Runtime,
+    failure: StoreError,
+    client_in: trio.abc.ReceiveStream,
+    client_out: trio.abc.SendStream,
+    *,
+    started: AgentHandle | None,
+    replay: Replay | None,
+) -> int:
+    """The session database cannot be used: say so on stderr and to the client, whose
+    requests (its ``initialize`` included, unless the early exchange answered it already)
+    get an error naming the database and the cause; then exit non-zero."""
+    from acp_bridge.jsonrpc import INTERNAL_ERROR
+    from acp_bridge.refusal import refuse_requests
+
+    log.error("%s", failure)
+    if started is not None:
+        await started.stop(runtime.options.shutdown_grace)
+    exchange = replay.exchange if replay is not None else None
+    unanswered = b""
+    if exchange is not None:
+        unanswered = exchange.client_rest
+        if not exchange.answered:
+            unanswered = exchange.client_first + unanswered
+    error = {
+        "code": INTERNAL_ERROR,
+        "message": f"The bridge cannot use its session database: {failure}",
+        "data": {"database": runtime.state},
+    }
+    await refuse_requests(
+        client_in,
+        client_out,
+        error,
+        line_limit=runtime.options.line_limit,
+        wait=runtime.options.shutdown_grace + 3,
+        already_read=unanswered,
+    )
+    return STORE_FAILED_STATUS
 
 
 async def run_stdio_started_first(

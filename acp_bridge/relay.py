@@ -64,6 +64,7 @@ from acp_bridge.framing import (
 from acp_bridge.json_stream import Envelope, LineValidator
 from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
 from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.refusal import refuse_requests
 from acp_bridge.registry import AUTO, AdapterRegistry
 from acp_bridge.store import StoreError
 from acp_bridge.system_prompt import (
@@ -616,29 +617,14 @@ class Bridge:
         an editor shows it instead of a bare end of stream.
         """
         log.error("%s", failure)
-        splitter = LineSplitter(self.options.line_limit)
-        with trio.move_on_after(self.options.shutdown_grace + 3):
-            while True:
-                try:
-                    data = await self.client_in.receive_some(READ_CHUNK)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-                answered = False
-                for item in splitter.feed(data) if data else splitter.close():
-                    if not isinstance(item, Line) or not item.data.strip():
-                        continue
-                    try:
-                        frame = jsonrpc.parse(item.data)
-                    except FrameError:
-                        continue
-                    if frame.kind is jsonrpc.Kind.REQUEST:
-                        # Only argv[0] is named: the arguments may hold prompt text.
-                        answer = {"jsonrpc": "2.0", "id": frame.id, "error": failure.error_object()}
-                        self._sink(CLIENT, jsonrpc.encode(answer))
-                        answered = answered or frame.method == "initialize"
-                await self.flush_client()
-                if not data or answered:
-                    break
+        # Only argv[0] is named: the arguments may hold prompt text.
+        await refuse_requests(
+            self.client_in,
+            self.client_outbox.stream,
+            failure.error_object(),
+            line_limit=self.options.line_limit,
+            wait=self.options.shutdown_grace + 3,
+        )
         return START_FAILED_STATUS
 
     def _attach(self, process: AgentHandle, hop: int, name: str) -> AgentConnection:

@@ -310,3 +310,92 @@ def list_sessions(state: str) -> dict[str, bool]:
         env={**os.environ, "XDG_CONFIG_HOME": os.devnull},
     )
     return {s["sessionId"]: s["live"] for s in json.loads(done.stdout) if s["agent"] == AGENT_NAME}
+
+
+# --- a database the bridge cannot use at start --------------------------------------------
+
+# Answers initialize at once (so the early exchange may answer the client before the bridge
+# has loaded and found the database unusable), then every request.
+QUICK_AGENT = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        result = {"sessionId": "s1"}
+        if message["method"] == "initialize":
+            result = {"protocolVersion": 1, "agentCapabilities": {}}
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        sys.stdout.write(json.dumps(answer) + "\\n")
+        sys.stdout.flush()
+"""
+EARLY_ANSWER = "initialize before the bridge loaded: answered"
+
+
+def unusable(kind: str, tmp_path: Path) -> Path:
+    if kind == "garbage":
+        path = tmp_path / "garbage.db"
+        path.write_bytes(b"not a database at all\x00" * 300)
+    elif kind == "directory":
+        path = tmp_path / "a-directory"
+        path.mkdir()
+    else:  # a path under a file
+        (tmp_path / "a-file").write_text("")
+        path = tmp_path / "a-file" / "sessions.db"
+    return path
+
+
+def request(request_id: int, method: str, params: dict[str, Any]) -> bytes:
+    return (
+        json.dumps(
+            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        ).encode()
+        + b"\n"
+    )
+
+
+@pytest.mark.parametrize("path", ["early", "usual"])
+@pytest.mark.parametrize("kind", ["garbage", "directory", "under-a-file"])
+def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
+    tmp_path: Path, kind: str, path: str
+) -> None:
+    state = unusable(kind, tmp_path)
+    config = []
+    if path == "usual":  # a configuration file leaves initialize to the runtime
+        (tmp_path / "empty.yaml").write_text("bridge: {}\n")
+        config = ["--config", str(tmp_path / "empty.yaml")]
+    argv = [sys.executable, "-m", "acp_bridge", "--state", str(state), "--log-level", "debug",
+            *config, "--", sys.executable, "-c", QUICK_AGENT]  # fmt: skip
+    bridge = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=bridge_env(tmp_path),
+    )
+    assert bridge.stdin is not None and bridge.stdout is not None and bridge.stderr is not None
+    try:
+        bridge.stdin.write(request(0, "initialize", {"protocolVersion": 1}))
+        bridge.stdin.flush()
+        answers = [json.loads(bridge.stdout.readline())]
+        if "result" in answers[0]:  # answered before the database was opened
+            bridge.stdin.write(request(1, "session/new", {"cwd": "/", "mcpServers": []}))
+            bridge.stdin.flush()
+            answers.append(json.loads(bridge.stdout.readline()))
+        bridge.stdin.close()
+        status = bridge.wait(timeout=TIMEOUT)
+        stderr = bridge.stderr.read().decode()
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
+    error = answers[-1]["error"]
+    assert answers[-1]["id"] == len(answers) - 1
+    assert error["code"] == -32603
+    assert str(state) in error["message"] and "session database" in error["message"]
+    assert error["data"] == {"database": str(state)}
+    assert status != 0
+    assert str(state) in stderr
+    # The early exchange answers when the agent is quicker than the bridge's loading.
+    assert (len(answers) == 2) == (EARLY_ANSWER in stderr)
+    if path == "usual":
+        assert len(answers) == 1
