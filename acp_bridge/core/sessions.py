@@ -64,7 +64,8 @@ The rules:
   ``capabilities.session``, where close is a baseline method), else ``session/delete``
   where offered (``sessionCapabilities.delete`` / ``capabilities.session.delete``), trying
   the next when one fails; a ``-32002`` answer counts as done. With neither offered the
-  session stays open in the agent, and the runtime says so on stderr.
+  session stays open in the agent, and the runtime says so on stderr. A failed write for
+  ``session/close`` or ``delete`` also answers ``-32603``; there is nothing to withdraw.
 """
 
 from __future__ import annotations
