@@ -17,8 +17,10 @@ serves such an agent with several processes behind one client connection:
   clear error; every process is stopped and every private file removed on shutdown.
 
 A subclass only says how a prompt becomes a process: :meth:`PoolAdapter.process_config`
-gets the prompt and a :class:`PrivateDir` (mode 0700, made for that one process, removed
-when it stops) and returns the extra arguments and environment. Options come from
+gets the prompt and a :class:`~acp_bridge.private_dirs.PrivateDir` (mode 0700, made for
+that one process, removed when it stops; a watchdog removes it should the bridge be
+killed, and a bridge starting with the same adapter removes what a dead one left) and
+returns the extra arguments and environment. Options come from
 ``bridge.adapter_options.<adapter name>`` (:class:`PoolOptions`).
 
 Only the public :class:`~acp_bridge.adapter.AdapterContext` is used: a process that exits
@@ -27,15 +29,11 @@ on its own is dropped with its files when its link's ``wait_closed()`` returns.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, ClassVar, TypeAlias
 
 import trio
@@ -52,8 +50,11 @@ from acp_bridge.adapter import (
     Reply,
 )
 from acp_bridge.agent_process import AgentStartError
+from acp_bridge.agent_watchdog import Watchdog
 from acp_bridge.capabilities import agent_name
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
+from acp_bridge.private_dirs import PrivateDir as _PrivateDir
+from acp_bridge.private_dirs import sweep
 from acp_bridge.system_prompt import SystemPrompt
 
 
@@ -86,62 +87,9 @@ def check_process_config(config: ProcessConfig, prompt: SystemPrompt, agent_labe
             )
 
 
-class PrivateDir:
-    """A directory only the user can enter (0700), made for one pooled process.
-
-    Files written here are 0600. The pool removes the whole directory when the process
-    stops, is reaped or the bridge shuts down.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, prefix: str, root: Path | None = None) -> PrivateDir:
-        if root is not None:
-            root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=root)))  # mkdtemp: 0700
-
-    def _inside(self, name: str) -> Path:
-        relative = PurePosixPath(name)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise ValueError(f"{name!r} is not a plain path inside the private directory")
-        return self.path.joinpath(*relative.parts)
-
-    def _make_folders(self, path: Path) -> None:
-        """``path`` and every missing folder between it and the directory, each 0700
-        (``Path.mkdir(parents=True)`` gives the parents the umask's mode)."""
-        folder = self.path
-        for part in path.relative_to(self.path).parts:
-            folder = folder / part
-            with contextlib.suppress(FileExistsError):
-                folder.mkdir(mode=0o700)
-
-    def mkdir(self, name: str) -> Path:
-        """A sub-directory (0700), parents included."""
-        path = self._inside(name)
-        self._make_folders(path)
-        return path
-
-    def write(self, name: str, text: str) -> Path:
-        """Write ``text`` (UTF-8) to a new file readable only by the user; its path."""
-        path = self._inside(name)
-        self._make_folders(path.parent)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        return path
-
-    def link(self, name: str, target: Path) -> Path:
-        """A symbolic link to ``target`` (for carrying a user's own file over)."""
-        path = self._inside(name)
-        self._make_folders(path.parent)
-        path.symlink_to(target)
-        return path
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+PrivateDir = _PrivateDir
+"""What :meth:`PoolAdapter.process_config` writes a process's files in (adapters import it
+from here)."""
 
 
 class PromptRefused(Exception):
@@ -233,6 +181,9 @@ class PoolAdapter(Adapter):
         self._reaper_running = False
         self._reserved = 0
         self._stopping = False
+        self._keeper: Watchdog | None = None
+        """The watchdog of the private folders: started with the first one."""
+        self._sweep()
 
     # ------------------------------------------------------------ what a subclass says
 
@@ -326,10 +277,25 @@ class PoolAdapter(Adapter):
 
     # --------------------------------------------------------------- processes
 
+    def _private_prefix(self) -> str:
+        return f"acp-bridge-{self.name}-"
+
+    def _sweep(self) -> None:
+        """Remove the private folders a dead bridge with this adapter left."""
+        try:
+            removed = sweep(self._private_prefix(), self.private_root())
+        except OSError as exc:
+            self.log.warning("could not look for private folders a stopped bridge left: %s", exc)
+            return
+        if removed:
+            self.log.info("removed %d private folder(s) a stopped bridge left", removed)
+
     async def _start(self, prompt: SystemPrompt) -> PooledProcess:
         if self._stopping:
             raise PromptRefused("The bridge is shutting down.")
-        private = PrivateDir.create(f"acp-bridge-{self.name}-", self.private_root())
+        if self._keeper is None:
+            self._keeper = Watchdog.start()
+        private = PrivateDir.create(self._private_prefix(), self.private_root(), self._keeper)
         try:
             config = self.process_config(prompt, private)
             check_process_config(config, prompt, self.agent_label)
@@ -574,3 +540,6 @@ class PoolAdapter(Adapter):
         with trio.CancelScope(shield=True):
             for pooled in [p for key, p in list(self.pool.items()) if key is not None]:
                 await self._stop(pooled, "shutdown")
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.release()

@@ -10,7 +10,8 @@ contents of its ``model_instructions_file``.
 Test steering: a prompt whose text is ``hang`` is answered only by ``session/cancel``
 (stopReason ``cancelled``); ``ask`` first sends the client a ``fs/read_text_file``
 request with the fixed id 0 (so two processes asking at once collide on purpose) and a
-``$/cancel_request`` for it, then waits for the client's answer.
+``$/cancel_request`` for it, then waits for the client's answer; ``exit`` makes the
+process exit at once with status 3, answering nothing.
 
 Like codex-acp 0.16, a session's rollout writer is released a moment after
 ``session/close`` is answered: a ``session/load``/``session/resume`` of it within
@@ -151,6 +152,8 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
             )
             if text == "hang":
                 hanging[session_id] = request_id
+            elif text == "exit":
+                os._exit(3)
             elif text == "ask":
                 asked[0] = request_id
                 send(

@@ -31,6 +31,7 @@ from acp_bridge.pool import (
     ProcessConfig,
     PromptRefused,
 )
+from acp_bridge.private_dirs import sweep
 from acp_bridge.system_prompt import SystemPrompt
 
 _session_numbers = itertools.count(1)
@@ -489,6 +490,24 @@ async def test_invalid_options_name_the_adapter_and_the_key() -> None:
     async with trio.open_nursery() as nursery:
         with pytest.raises(ValueError, match=r"bridge.adapter_options.file-pool: max_processes"):
             FilePool(FakeContext(nursery, {"max_processes": 0}))
+
+
+def test_a_sweep_removes_what_a_dead_bridge_left_and_never_a_folder_in_use(
+    tmp_path: Path,
+) -> None:
+    live = PrivateDir.create("acp-bridge-t-", tmp_path)
+    live.write("prompt.md", "x")
+    left = tmp_path / "acp-bridge-t-left"
+    (left / "sub").mkdir(parents=True)
+    (left / "sub" / "prompt.md").write_text("x")
+    (tmp_path / "acp-bridge-other-left").mkdir()
+    (tmp_path / "acp-bridge-t-file").write_text("not a folder")
+    assert sweep("acp-bridge-t-", tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.path.name, "acp-bridge-other-left", "acp-bridge-t-file"]
+    )
+    live.remove()
+    assert sweep("acp-bridge-t-", tmp_path) == 0
 
 
 def test_every_folder_inside_a_private_dir_is_private_whatever_the_umask(

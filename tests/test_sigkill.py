@@ -10,12 +10,14 @@ or not they had time to say who they are.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -103,4 +105,128 @@ async def test_an_agent_started_early_never_outlives_a_sigkilled_bridge(
             await bridge.wait()
             assert await survivors(entry, NO_SURVIVOR_AFTER) == []
     finally:
+        kill_all(entry)
+
+
+# --- a pool's private folders ---------------------------------------------------------
+
+FAKE_CODEX = Path(__file__).with_name("fake_codex.py")
+PRIVATE = "acp-bridge-codex-"
+
+
+def pooled_env(bridge_env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], str, Path]:
+    """A trial's environment whose temporary folder, where the codex adapter makes its
+    private folders (no ``~/.codex`` here), is the test's own."""
+    env, entry = trial_env(bridge_env)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    return {**env, "TMPDIR": str(temporary)}, entry, temporary
+
+
+def private_folders(temporary: Path) -> list[str]:
+    return sorted(p.name for p in temporary.iterdir() if p.name.startswith(PRIVATE))
+
+
+async def open_pooled_cli(
+    tmp_path: Path, env: dict[str, str], *bridge_args: str, name: str = "bridge"
+) -> RunningBridge:
+    directory = tmp_path / name
+    directory.mkdir()
+    records = directory / "records"
+    records.mkdir()
+    agent = [sys.executable, str(FAKE_CODEX), "--record-dir", str(records)]
+    return await open_cli(["--state", ":memory:", *bridge_args, "--", *agent], env, directory)
+
+
+def override(text: str) -> dict[str, Any]:
+    return {"mode": "override", "content": [{"type": "text", "text": text}]}
+
+
+async def new_session(bridge: RunningBridge, request_id: int, prompt: Any, cwd: Path) -> str:
+    params = {"cwd": str(cwd), "mcpServers": [], "systemPrompt": prompt}
+    await bridge.request(request_id, "session/new", params)
+    answer = await bridge.response_to(request_id)
+    session_id: str = answer["result"]["sessionId"]
+    return session_id
+
+
+async def test_a_private_folder_made_while_the_pool_makes_room_is_not_left(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    # At most two processes: the second prompt's folder is written, then the first
+    # prompt's idle process is stopped to make room (codex ignores EOF: 0.4 s), and only
+    # then is the second process started under a watchdog.
+    env, entry, temporary = pooled_env(bridge_env, tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    codex:\n      max_processes: 2\n")
+    bridge = await open_pooled_cli(tmp_path, env, "--config", str(config))
+    try:
+        with trio.fail_after(30):
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+            await bridge.response_to(0)
+            first = await new_session(bridge, 1, override("first"), tmp_path)
+            await bridge.request(2, "session/close", {"sessionId": first})
+            await bridge.response_to(2)
+            params = {"cwd": str(tmp_path), "mcpServers": [], "systemPrompt": override("second")}
+            await bridge.request(3, "session/new", params)
+            with trio.move_on_after(5):
+                while len(private_folders(temporary)) < 2:
+                    await trio.sleep(0.01)
+            assert len(private_folders(temporary)) == 2
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            assert private_folders(temporary) == []
+    finally:
+        kill_all(entry)
+
+
+async def test_the_private_folder_of_a_pooled_process_that_exited_is_not_left(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    env, entry, temporary = pooled_env(bridge_env, tmp_path)
+    bridge = await open_pooled_cli(tmp_path, env)
+    try:
+        with trio.fail_after(30):
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+            await bridge.response_to(0)
+            session = await new_session(bridge, 1, override("persona"), tmp_path)
+            assert len(private_folders(temporary)) == 1
+            prompt = [{"type": "text", "text": "exit"}]
+            await bridge.request(2, "session/prompt", {"sessionId": session, "prompt": prompt})
+            assert "error" in await bridge.response_to(2)  # the process exited
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            assert private_folders(temporary) == []
+    finally:
+        kill_all(entry)
+
+
+async def test_a_private_folder_a_dead_bridge_left_is_removed_at_the_next_start(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> None:
+    # What a bridge leaves when its watchdog could not act either (killed with it, the
+    # machine stopped): the next bridge with the same adapter removes it; a folder a
+    # live bridge holds (locked, as each bridge locks its own) stays.
+    env, entry, temporary = pooled_env(bridge_env, tmp_path)
+    left = temporary / f"{PRIVATE}left"
+    (left / "sub").mkdir(parents=True)
+    (left / "sub" / "instructions.md").write_text("prompt text")
+    held = temporary / f"{PRIVATE}held"
+    held.mkdir()
+    lock = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    other = temporary / "acp-bridge-verify-kept"  # not a pool's
+    other.mkdir()
+    bridge = await open_pooled_cli(tmp_path, env)
+    try:
+        with trio.fail_after(30):
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+            await bridge.response_to(0)
+            await bridge.request(1, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+            assert "result" in await bridge.response_to(1)
+            assert sorted(p.name for p in temporary.iterdir()) == sorted([held.name, other.name])
+    finally:
+        os.close(lock)
         kill_all(entry)
