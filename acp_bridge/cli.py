@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -617,8 +618,15 @@ def serve(
         token or None,
         ServeLimits(max_connections=max_connections),
     )
+
+    def announce(line: str) -> None:
+        # A server's start-up line, at the default log level too (as uvicorn's); the stdio
+        # modes say nothing, their stderr being the editor's log.
+        if log.isEnabledFor(logging.WARNING):
+            click.echo(f"acp-bridge: {line}", err=True)
+
     try:
-        trio.run(serve_forever, server, address)
+        trio.run(partial(serve_forever, server, address, announce=announce))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {address}: {exc}") from exc
     finally:

@@ -13,6 +13,7 @@ A unix socket another live server is using is never taken over.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hmac
 import ipaddress
@@ -21,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -385,16 +387,27 @@ def socket_identity(path: Path) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
+def bound_address(address: ListenAddress, listeners: Sequence[trio.SocketListener]) -> str:
+    """Where the server listens: ``address`` with the port the system gave for port 0."""
+    if address.scheme != "tcp" or address.port or not listeners:
+        return str(address)
+    port = listeners[0].socket.getsockname()[1]
+    return str(dataclasses.replace(address, port=port))
+
+
 async def serve(
     server: Server,
     address: ListenAddress,
     *,
+    announce: Callable[[str], object] = log.info,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Accept connections on ``address`` until cancelled or signalled; ``announce`` gets
+    the start-up line (``listening on …``) once the socket is bound."""
     drop_token_from_environment()
     listeners = await open_listeners(address)
     ours = socket_identity(Path(address.path)) if address.scheme == "unix" else None
-    log.info("listening on %s", address)
+    announce(f"listening on {bound_address(address, listeners)}")
     try:
         async with trio.open_nursery() as nursery:
             started = await nursery.start(trio.serve_listeners, server.handle, listeners)

@@ -389,3 +389,49 @@ async def test_one_connection_that_fails_does_not_end_the_server(
             await stream.aclose()
     assert calls == 2
     assert "a fault in one connection" in caplog.text
+
+
+@pytest.mark.parametrize("scheme", ["unix", "tcp"])
+async def test_serve_says_where_it_listens_at_the_default_log_level(
+    tmp_path: Path, scheme: str
+) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("ACP_BRIDGE_TOKEN", None)
+    listen = f"unix:{tmp_path / 's.sock'}" if scheme == "unix" else "tcp://127.0.0.1:0"
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv += ["--listen", listen, "--", sys.executable, FAKE_AGENT]
+    process = await trio.lowlevel.open_process(argv, env=env, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    said = b""
+    try:
+        with trio.move_on_after(20):
+            while b"\n" not in said:
+                chunk = await process.stderr.receive_some()
+                if not chunk:
+                    break
+                said += chunk
+    finally:
+        process.terminate()
+        with trio.fail_after(10):
+            await process.wait()
+    first = said.decode().partition("\n")[0]
+    assert first.startswith(f"acp-bridge: listening on {scheme}"), said
+    if scheme == "unix":
+        assert first == f"acp-bridge: listening on {listen}"
+    else:  # the port the system gave
+        port = int(first.rpartition(":")[2])
+        assert port > 0
+
+
+def test_the_stdio_modes_stay_silent_at_the_default_log_level(tmp_path: Path) -> None:
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--", sys.executable, FAKE_AGENT],
+        input=init,
+        capture_output=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
