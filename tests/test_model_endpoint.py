@@ -819,3 +819,22 @@ def test_system_extraction_ignores_non_text_parts() -> None:
     assert rec.system_blocks() == ["A"]
     assert rec.user_texts() == []
     assert rec.last_user_text() == ""
+
+
+def test_the_command_on_a_taken_port_says_so_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "acp_bridge.model_endpoint", "--port", str(port)],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stdout == b""
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, done.stderr.decode()
+    assert lines[0].startswith(f"model endpoint: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in lines[0].lower()

@@ -8,6 +8,7 @@ request is appended to ``--log`` as one JSON line. SIGINT or SIGTERM stop it cle
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import signal
@@ -60,13 +61,31 @@ async def _serve(args: argparse.Namespace) -> None:
                 return
 
 
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``, also from inside trio's exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _os_error(inner)
+        if found is not None:
+            return found
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     try:
         trio.run(_serve, args)
-    except OSError as exc:
-        print(f"model endpoint: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    except Exception as exc:  # an OSError arrives wrapped by the server's nursery
+        error = _os_error(exc)
+        if error is None:
+            raise
+        if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            message = f"cannot listen on 127.0.0.1:{args.port}: {error.strerror}"
+        else:
+            message = str(error)
+        print(f"model endpoint: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
