@@ -8,12 +8,16 @@ copies bytes both ways unchanged, with one exception: when a token is configured
 Until the ``initialize`` is answered the editor must always get an answer to it: a sidecar
 that cannot be reached, refuses the connection (its refusal carries the request id, or
 ``null`` when it could not read one, which is then given the editor's id) or closes without
-answering yields a JSON-RPC error with the editor's id. The command exits when either side
-closes.
+answering yields a JSON-RPC error with the editor's id. After that, every request the
+editor sent and the sidecar did not answer before it went away (killed, or stopped in the
+middle of a turn) gets a ``-32603`` error (:class:`Outstanding` reads the ids off the
+lines as they pass). The command exits when either side closes: 0 when the editor closed
+its end first and every request was answered, else 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -26,7 +30,18 @@ import click
 import trio
 
 from acp_bridge import jsonrpc
-from acp_bridge.jsonrpc import FrameError, Kind, RequestId
+from acp_bridge.framing import (
+    DEFAULT_LINE_LIMIT,
+    DEFAULT_STREAM_AFTER,
+    Item,
+    Line,
+    LineSplitter,
+    LongLineEnd,
+    LongLinePart,
+    LongLineStart,
+)
+from acp_bridge.json_stream import LineValidator
+from acp_bridge.jsonrpc import INTERNAL_ERROR, FrameError, Kind, RequestId
 from acp_bridge.serve import (
     CONNECTION_REFUSED,
     META_KEY,
@@ -143,12 +158,132 @@ class Watch:
         return line
 
 
+class LineIds:
+    """The requests and responses among the lines of one direction, by id, read as the
+    bytes pass (sans-IO). A short line is parsed only if it can hold an id; a long one is
+    judged piece by piece (``json_stream``) without being gathered."""
+
+    KINDS: Final = (Kind.REQUEST, Kind.RESPONSE)
+
+    def __init__(self) -> None:
+        self._splitter = LineSplitter(DEFAULT_LINE_LIMIT, stream_after=DEFAULT_STREAM_AFTER)
+        self._long: LineValidator | None = None  # the long line in progress, while valid
+        self._mid_line = False  # the bytes so far end inside a line
+
+    def feed(self, data: bytes | bytearray) -> list[tuple[Kind, RequestId]]:
+        data = bytes(data)
+        mid_line, self._mid_line = self._mid_line, not data.endswith(b"\n")
+        last = data.rfind(b"\n")
+        if last < 0 or self._may_hold_id(data):
+            return self._feed(data)
+        # The whole lines in between hold no id (most of a stream: notifications): only
+        # the end of the line in progress and the start of the next one are read.
+        found = self._feed(data[: data.find(b"\n") + 1]) if mid_line else []
+        return found + self._feed(data[last + 1 :])
+
+    @staticmethod
+    def _may_hold_id(data: bytes) -> bool:
+        # A key "id" is written "id", or (rarely) with a \u escape.
+        return b'"id"' in data or b"\\u" in data
+
+    def _feed(self, data: bytes) -> list[tuple[Kind, RequestId]]:
+        found: list[tuple[Kind, RequestId]] = []
+        for item in self._splitter.feed(data):
+            found.extend(self._read(item))
+        return found
+
+    def _read(self, item: Item) -> list[tuple[Kind, RequestId]]:
+        if isinstance(item, Line):
+            if not self._may_hold_id(item.data):
+                return []
+            try:
+                frame = jsonrpc.parse(item.data)
+            except FrameError:
+                return []
+            if frame.kind is not Kind.BATCH:
+                return [(frame.kind, frame.id)] if frame.kind in self.KINDS else []
+            found: list[tuple[Kind, RequestId]] = []
+            for member in frame.message:
+                try:
+                    each = jsonrpc.classify_message(member, b"")  # b"": no bytes made
+                except FrameError:
+                    continue  # the sidecar answers a malformed member under its own id
+                if each.kind in self.KINDS:
+                    found.append((each.kind, each.id))
+            return found
+        if isinstance(item, LongLineStart):
+            self._long = LineValidator()
+        if self._long is not None and isinstance(item, LongLineStart | LongLinePart | LongLineEnd):
+            try:
+                self._long.feed(item.data)
+                if isinstance(item, LongLineEnd):
+                    envelope = self._long.finish()
+                    self._long = None
+                    kind = envelope.kind()
+                    if kind in self.KINDS:
+                        return [(kind, envelope.members.get("id"))]
+            except FrameError:
+                self._long = None
+        return []
+
+
+def id_key(request_id: RequestId) -> tuple[bool, RequestId]:
+    """``1`` and ``"1"`` are different ids."""
+    return (isinstance(request_id, str), request_id)
+
+
+class Outstanding:
+    """The editor's requests the sidecar has not answered yet (sans-IO): fed the bytes
+    each way after the initialize, it keeps only the ids of requests in flight."""
+
+    def __init__(self) -> None:
+        self._requests = LineIds()
+        self._responses = LineIds()
+        self._pending: dict[tuple[bool, RequestId], RequestId] = {}
+
+    def from_editor(self, data: bytes | bytearray) -> None:
+        for kind, request_id in self._requests.feed(data):
+            if kind is Kind.REQUEST and request_id is not None:
+                self._pending[id_key(request_id)] = request_id
+
+    def from_sidecar(self, data: bytes | bytearray) -> None:
+        for kind, request_id in self._responses.feed(data):
+            if kind is Kind.RESPONSE:
+                self._pending.pop(id_key(request_id), None)
+
+    def unanswered(self) -> list[RequestId]:
+        """The ids still waiting, in the order they were sent."""
+        return list(self._pending.values())
+
+
+@dataclass
+class Connection:
+    """What one editor connection has seen, for how it ends."""
+
+    watch: Watch
+    outstanding: Outstanding
+    editor_closed: bool = False
+    mid_line: bool = False
+    """The editor's last bytes from the sidecar end inside a line."""
+
+    async def to_editor(self, editor_out: trio.abc.SendStream, data: bytes) -> None:
+        if self.watch.answered:
+            self.outstanding.from_sidecar(data)
+        await editor_out.send_all(data)
+        self.mid_line = not data.endswith(b"\n")
+
+
 async def copy_to_sidecar(
-    editor_in: trio.abc.ReceiveStream, sidecar: trio.SocketStream, done: trio.CancelScope
+    editor_in: trio.abc.ReceiveStream,
+    sidecar: trio.SocketStream,
+    done: trio.CancelScope,
+    connection: Connection,
 ) -> None:
     try:
         while data := await editor_in.receive_some(CHUNK):
+            connection.outstanding.from_editor(data)
             await sidecar.send_all(data)
+        connection.editor_closed = True
         await sidecar.send_eof()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         done.cancel()  # the sidecar is gone; the other direction ends the run
@@ -159,9 +294,10 @@ async def copy_to_sidecar(
 
 
 async def copy_to_editor(
-    sidecar: trio.SocketStream, editor_out: trio.abc.SendStream, watch: Watch
+    sidecar: trio.SocketStream, editor_out: trio.abc.SendStream, connection: Connection
 ) -> None:
     """Copy the sidecar's bytes; look at whole lines only until initialize is answered."""
+    watch = connection.watch
     pending = bytearray()  # an incomplete line, while watching
     while True:
         try:
@@ -171,7 +307,7 @@ async def copy_to_editor(
         if not data:
             break
         if watch.answered:
-            await editor_out.send_all(data)
+            await connection.to_editor(editor_out, bytes(data))
             continue
         searched = len(pending)  # the bytes held so far have no newline
         pending += data
@@ -186,11 +322,14 @@ async def copy_to_editor(
             # A frame this large is no refusal: stop looking and just copy.
             log.warning("the sidecar sent a line over %d bytes before initialize", WATCH_LIMIT)
             watch.answered = watch.accepted = True
+        rest = b""
         if watch.answered:
-            out.append(bytes(pending))
+            rest = bytes(pending)
             pending.clear()
         if out:
             await editor_out.send_all(b"".join(out))
+        if rest:
+            await connection.to_editor(editor_out, rest)
     if not watch.answered:
         # An unfinished line is not a frame; the editor gets only the answer.
         log.warning("the sidecar closed the connection before answering initialize")
@@ -233,20 +372,46 @@ async def run_connect(
         )
         return 1
     line = with_token(first.line, token) if token is not None else first.line
-    watch = Watch(initialize_id)
+    connection = Connection(Watch(initialize_id), Outstanding())
+    connection.outstanding.from_editor(first.rest)
     try:
         await sidecar.send_all(line + b"\n" + first.rest)
         with trio.CancelScope() as done:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(copy_to_sidecar, editor_in, sidecar, done)
-                await copy_to_editor(sidecar, editor_out, watch)
+                nursery.start_soon(copy_to_sidecar, editor_in, sidecar, done, connection)
+                await copy_to_editor(sidecar, editor_out, connection)
                 nursery.cancel_scope.cancel()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         log.info("the editor or the sidecar dropped the connection")
     finally:
         with trio.CancelScope(shield=True):
             await sidecar.aclose()
-    return 0 if watch.accepted else 1
+    if not connection.watch.accepted:
+        return 1
+    unanswered = connection.outstanding.unanswered()
+    if not connection.editor_closed:
+        log.error("the sidecar closed the connection; %d requests unanswered", len(unanswered))
+    if unanswered:
+        await answer_unanswered(editor_out, connection, unanswered)
+    return 0 if connection.editor_closed and not unanswered else 1
+
+
+async def answer_unanswered(
+    editor_out: trio.abc.SendStream, connection: Connection, unanswered: list[RequestId]
+) -> None:
+    """The sidecar went away: each request it did not answer gets an error."""
+    text = (
+        "acp-bridge connect: the sidecar closed the connection before answering this "
+        "request; its log says why."
+    )
+    errors = [
+        jsonrpc.encode(jsonrpc.error_response(request_id, INTERNAL_ERROR, text)) + b"\n"
+        for request_id in unanswered
+    ]
+    # A line the sidecar left unfinished is ended first, so each error is a line of its own.
+    start = b"\n" if connection.mid_line else b""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await editor_out.send_all(start + b"".join(errors))
 
 
 def check_token_file_mode(path: Path) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import trio
 from conftest import fake_agent_argv, pid_alive
+from harness import bridge_env
 from sidecar import INITIALIZE, open_connect, system_prompt
 
-from acp_bridge.connect import with_token
+from acp_bridge.connect import Outstanding, with_token
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.relay import BridgeOptions
 from acp_bridge.serve import ListenAddress, ServeLimits, Server, serve
@@ -160,8 +161,66 @@ async def test_connect_exits_when_the_sidecar_goes_away(tmp_path: Path) -> None:
                 agent_pid = int((tmp_path / "agent" / "agent.pid").read_text())
                 cancel.set()  # the sidecar shuts down: its agent stops, the socket closes
                 assert await editor.read_to_eof() == []
-                assert await editor.wait() == 0
+                # The editor did not leave: the sidecar going away is a failure to report.
+                assert await editor.wait() == 1
     assert not pid_alive(agent_pid)
+
+
+HANG = {"jsonrpc": "2.0", "id": "turn-1", "method": "_test/hang", "params": {}}
+
+
+async def test_a_turn_in_flight_when_the_sidecar_stops_gets_an_error(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            cancel = trio.Event()
+
+            async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
+                async with sidecar(tmp_path) as address:
+                    task_status.started(address)
+                    await cancel.wait()
+
+            address = await outer.start(run_sidecar)
+            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+                await editor.request(0, "initialize", INITIALIZE)
+                await editor.response_to(0)
+                await editor.send(HANG)  # a turn the agent never ends
+                await editor.request(1, "session/new", {"cwd": "/", "mcpServers": []})
+                await editor.response_to(1)
+                cancel.set()
+                lines = await editor.read_to_eof()
+                assert await editor.wait() == 1
+    (answer,) = [json.loads(line) for line in lines]
+    assert answer["id"] == "turn-1" and answer["error"]["code"] == -32603
+    assert "sidecar closed the connection" in answer["error"]["message"]
+
+
+async def test_a_turn_in_flight_when_the_sidecar_is_killed_gets_an_error(tmp_path: Path) -> None:
+    socket_path = tmp_path / "sidecar.sock"
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:",
+            "--listen", f"unix:{socket_path}", "--", *fake_agent_argv(agent_dir)]  # fmt: skip
+    with trio.fail_after(30):
+        server = await trio.lowlevel.open_process(argv, env=bridge_env(tmp_path))
+        try:
+            while not socket_path.exists():
+                await trio.sleep(0.05)
+            async with open_connect(f"unix:{socket_path}", tmp_path / "editor") as editor:
+                await editor.request(0, "initialize", INITIALIZE)
+                await editor.response_to(0)
+                await editor.send({**HANG, "id": 7})
+                await editor.send({**HANG, "id": "7"})
+                await editor.request(8, "session/new", {"cwd": "/", "mcpServers": []})
+                await editor.response_to(8)
+                server.kill()
+                lines = await editor.read_to_eof()
+                assert await editor.wait() == 1
+        finally:
+            server.kill()
+            await server.wait()
+    answers = [json.loads(line) for line in lines]
+    assert [a["id"] for a in answers] == [7, "7"]
+    assert all(a["error"]["code"] == -32603 for a in answers)
 
 
 def test_with_token_adds_it_next_to_existing_meta() -> None:
@@ -214,9 +273,10 @@ async def test_a_sidecar_that_closes_before_answering_yields_an_error(tmp_path: 
     # A notification, then half a line: neither answers the initialize.
     chunks = [b'{"jsonrpc":"2.0","method":"x/note"}\n', b'{"jsonrpc":"2.0","id":']
     with trio.fail_after(20):
-        async with scripted_sidecar(chunks) as address, open_connect(
-            address, tmp_path / "editor"
-        ) as editor:
+        async with (
+            scripted_sidecar(chunks) as address,
+            open_connect(address, tmp_path / "editor") as editor,
+        ):
             await editor.request(8, "initialize", INITIALIZE)
             lines = await editor.read_to_eof()
             assert await editor.wait() == 1
@@ -231,10 +291,49 @@ async def test_an_answer_split_across_reads_is_passed_on_unchanged(tmp_path: Pat
     after = b'{"jsonrpc":"2.0","method":"x/after"}\n'
     chunks = [answer[:10], answer[10:30], answer[30:] + after[:5], after[5:]]
     with trio.fail_after(20):
-        async with scripted_sidecar(chunks) as address, open_connect(
-            address, tmp_path / "editor"
-        ) as editor:
+        async with (
+            scripted_sidecar(chunks) as address,
+            open_connect(address, tmp_path / "editor") as editor,
+        ):
             await editor.request(8, "initialize", INITIALIZE)
             await editor.read_to_eof()
-            assert await editor.wait() == 0
+            assert await editor.wait() == 1  # the sidecar left while the editor stayed
     assert bytes(editor.received) == answer + after
+
+
+def test_outstanding_keeps_the_editors_requests_until_the_sidecar_answers_them() -> None:
+    outstanding = Outstanding()
+    editor = [
+        b'{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{}}',
+        b'{"jsonrpc":"2.0","id":"1","method":"session/prompt","params":{}}',
+        b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}',
+        # The editor's answer to a request of the agent's is no request of its own.
+        b'{"jsonrpc":"2.0","id":5,"result":{"outcome":{"outcome":"cancelled"}}}',
+        b'[{"jsonrpc":"2.0","id":2,"method":"a","params":{}},{"jsonrpc":"2.0","id":3,"method":[]}]',
+        b'{"jsonrpc":"2.0","\\u0069d":4,"method":"escaped","params":{}}',
+    ]
+    data = b"\n".join(editor) + b"\n"
+    for start in range(0, len(data), 7):  # in pieces that cut lines anywhere
+        outstanding.from_editor(data[start : start + 7])
+    assert outstanding.unanswered() == [1, "1", 2, 4]
+    # A request of the agent's with an id the editor also uses answers nothing.
+    outstanding.from_sidecar(b'{"jsonrpc":"2.0","id":1,"method":"fs/read","params":{}}\n')
+    outstanding.from_sidecar(b'{"jsonrpc":"2.0","id":"1","result":{}}\n{"jsonrpc":"2.0",')
+    assert outstanding.unanswered() == [1, 2, 4]
+    outstanding.from_sidecar(b'"id":2,"error":{"code":-1,"message":"x"}}\n')
+    assert outstanding.unanswered() == [1, 4]
+
+
+def test_outstanding_reads_a_long_line_in_pieces() -> None:
+    outstanding = Outstanding()
+    text = "x" * (1 << 20)
+    request = {"jsonrpc": "2.0", "id": 9, "method": "session/prompt", "params": {"t": text}}
+    line = json.dumps(request)
+    data = line.encode() + b"\n"
+    for start in range(0, len(data), 65536):
+        outstanding.from_editor(data[start : start + 65536])
+    assert outstanding.unanswered() == [9]
+    answer = json.dumps({"jsonrpc": "2.0", "id": 9, "result": {"t": text}}).encode() + b"\n"
+    for start in range(0, len(answer), 65536):
+        outstanding.from_sidecar(answer[start : start + 65536])
+    assert outstanding.unanswered() == []
