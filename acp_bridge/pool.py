@@ -34,7 +34,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -56,6 +56,12 @@ from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND,
 from acp_bridge.private_dirs import PrivateDir as _PrivateDir
 from acp_bridge.private_dirs import sweep
 from acp_bridge.system_prompt import SystemPrompt
+
+# The answer when every process the pool may run holds a live session: a bound the client
+# can act on (close a session, reuse a prompt, try later), not a fault of the bridge, so
+# not -32603. An implementation-defined server error (JSON-RPC leaves -32000..-32099 to
+# implementations; ACP itself uses -32000 and -32002); 29 after HTTP's 429.
+AT_CAPACITY: Final = -32029
 
 
 @dataclass(frozen=True)
@@ -369,10 +375,11 @@ class PoolAdapter(Adapter):
             idle = [p for p in self.pool.values() if p.reapable]
             if not idle:
                 raise PromptRefused(
-                    f"Too many distinct system prompts in use: the bridge runs at most "
-                    f"{self.options.max_processes} {self.agent_label} processes and each one "
-                    f"holds a live session. Close a session or reuse a prompt.",
+                    f"The bridge is at capacity: it runs at most {self.options.max_processes} "
+                    f"{self.agent_label} processes, one per distinct system prompt, and each "
+                    "holds a live session; close a session or reuse a prompt.",
                     {"maxProcesses": self.options.max_processes},
+                    AT_CAPACITY,
                 )
             oldest = min(idle, key=lambda p: p.idle_since if p.idle_since is not None else 0.0)
             await self._stop(oldest, "making room for another prompt")

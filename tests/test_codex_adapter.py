@@ -385,7 +385,7 @@ async def test_past_the_process_limit_session_new_gets_a_clear_error(tmp_path: P
         first = await h.new(append("one"))
         with pytest.raises(ClientRequestError) as refused:
             await h.new(append("two"))
-        assert refused.value.code == jsonrpc.INTERNAL_ERROR
+        assert refused.value.code == -32029  # at capacity (pool.AT_CAPACITY)
         assert "at most 2 codex-acp processes" in refused.value.error["message"]
         assert refused.value.error["data"] == {"maxProcesses": 2}
         assert len(h.pids()) == 2

@@ -26,6 +26,7 @@ from acp_bridge.adapter import AgentError, AgentLink, Reply
 from acp_bridge.agent_process import AgentStartError
 from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 from acp_bridge.pool import (
+    AT_CAPACITY,
     PoolAdapter,
     PrivateDir,
     ProcessConfig,
@@ -407,7 +408,9 @@ async def test_past_the_maximum_a_new_prompt_gets_a_clear_error(private_dirs: Pa
         first = await pool.new(append("one"))
         reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("two")))
         assert reply.error is not None
-        assert reply.error["code"] == INTERNAL_ERROR
+        # Not a fault of the bridge's: a bound the client can act on.
+        assert reply.error["code"] == AT_CAPACITY == -32029
+        assert "at capacity" in reply.error["message"]
         assert "at most 2 fake-agent processes" in reply.error["message"]
         assert reply.error["data"] == {"maxProcesses": 2}
         assert len(pool.context.processes) == 2
