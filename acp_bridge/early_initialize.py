@@ -6,9 +6,11 @@ anything only the full bridge knows (no configuration file, a built-in adapter),
 exchange is done here, with the standard library and the light protocol modules
 (``jsonrpc``, ``capabilities``, ``adapter`` and the chosen adapter's module): the client's
 first line is read and, if it is an ``initialize`` request, written to the agent; the
-agent's answer is read, the client's answer is computed with the same code the runtime
-uses (:func:`acp_bridge.capabilities.initialize_answer`) and written. Meanwhile a thread
-loads the runtime (trio, click, pydantic, the adapters), so those imports overlap the
+agent's answer is read, the adapter is chosen from it by the table of agent names
+(:func:`acp_bridge.builtin_adapters.choose`, which imports no adapter), and the client's
+answer is computed with the same code the runtime uses
+(:func:`acp_bridge.capabilities.initialize_answer`) and written. Meanwhile a thread
+loads the runtime (trio, click, pydantic, yaml), so those imports overlap the
 agent's own start-up. Whichever comes first ends the wait: the agent's answer (an agent
 that starts fast gets its answer written at once), or the runtime loaded (an agent that
 starts slowly, like claude-agent-acp, is then answered by the runtime as it always was,
@@ -42,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from acp_bridge import capabilities, jsonrpc
+from acp_bridge import builtin_adapters, capabilities, jsonrpc
 from acp_bridge.jsonrpc import FrameError, JsonObject, Kind
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ RUNTIME_MODULES: Final = (
     "acp_bridge.lifecycle",
     "acp_bridge.trace",
 )
-AUTO: Final = "auto"
+AUTO: Final = builtin_adapters.AUTO
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,6 @@ class _Loader:
     """Loads the runtime's modules in a thread while the exchange waits for the agent."""
 
     def __init__(self) -> None:
-        self.adapters_loaded = threading.Event()
         # Readable once everything is loaded, so the exchange can wait for it with select.
         self.loaded, self._done = os.pipe()
         self._thread = threading.Thread(target=self._load, name="acp-bridge-load", daemon=True)
@@ -156,18 +157,9 @@ class _Loader:
         # A failure here is not reported: the main thread imports the same again, and
         # fails the usual way.
         with contextlib.suppress(Exception):
-            from acp_bridge.registry import AdapterRegistry
-
-            AdapterRegistry()  # imports every built-in adapter: what choosing one needs
-        self.adapters_loaded.set()
-        with contextlib.suppress(Exception):
             for name in RUNTIME_MODULES:
                 importlib.import_module(name)
         os.write(self._done, b".")
-
-    def wait_for_adapters(self) -> None:
-        """Wait until every built-in adapter is imported (or that failed)."""
-        self.adapters_loaded.wait()
 
     def join(self) -> None:
         """Wait until it is done. Should it have failed, the runtime imports again and
@@ -333,9 +325,6 @@ def _answer(
     if response is None or response.kind is not Kind.RESPONSE or response.id != request.id:
         return unanswered
     try:
-        if chosen is None:
-            # The registry imports every adapter: the thread does, not both at once.
-            loader.wait_for_adapters()
         answer = _client_answer(request, response, chosen, ends.allow_override) + b"\n"
     except Exception:
         return unanswered  # the runtime computes it again, and reports what failed
@@ -355,9 +344,14 @@ def _client_answer(
     if message.get("error") is not None or not isinstance(result, dict):
         return response.raw
     if chosen is None:
-        from acp_bridge.registry import AdapterRegistry
+        # The table of agent names decides, as AdapterRegistry.choose does without a
+        # user's adapters (no configuration file here): only the chosen one is imported.
+        from acp_bridge import registry
 
-        chosen = AdapterRegistry().choose(result)
+        advertises = capabilities.native_delivery(result) is not None
+        chosen = registry.builtin(
+            builtin_adapters.choose(capabilities.agent_name(result), advertises)
+        )
     adapter = chosen(_EarlyContext())
     _, advertised = capabilities.initialize_answer(adapter, result, allow_override=allow_override)
     if advertised is None:

@@ -1,26 +1,21 @@
 """Finding adapters: the built-in ones (top-level ``adapters/`` folder, installed as
-``acp_bridge.adapters``) and a user's own, from folders named in the configuration.
+``acp_bridge.adapters``), each imported only when it is asked for, and a user's own, from
+folders named in the configuration, imported at once.
 
 An adapter module defines one or more :class:`~acp_bridge.adapter.Adapter` subclasses with
-a non-empty ``name``.
+a non-empty ``name``; a user's adapter replaces a built-in one of the same name.
 
-Automatic choice (spec section 7: the adapter that passes ``verify`` for the agent at hand):
-
-1. the first adapter, by name, whose ``detect`` accepts the agent's ``initialize`` response:
-   an adapter that recognises an agent knows its quirks, and a native advertisement alone
-   does not prove the agent applies a changed prompt (``@agentclientprotocol/claude-agent-acp``
-   0.92 and later advertise ``systemPrompt`` but pin a session's first one, so ``claude``
-   wins over ``native`` for them);
-2. ``native`` when the agent advertises ``systemPrompt`` itself;
-3. ``first-turn``.
+Automatic choice: a user's adapter whose ``detect`` accepts the agent's ``initialize``
+answer (the first by name), else the built-in one the table of agent names picks
+(:func:`acp_bridge.builtin_adapters.choose`: an adapter for the agent's name, else
+``native`` when the agent advertises ``systemPrompt`` itself, else ``first-turn``). Only
+the chosen built-in adapter is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
-import pkgutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,12 +23,11 @@ from types import ModuleType
 
 from acp_bridge import builtin_adapters
 from acp_bridge.adapter import Adapter
-from acp_bridge.capabilities import native_delivery
+from acp_bridge.builtin_adapters import AUTO, FALLBACK, NATIVE
+from acp_bridge.capabilities import agent_name, native_delivery
 from acp_bridge.jsonrpc import JsonObject
 
-AUTO = "auto"
-FALLBACK = "first-turn"
-NATIVE = "native"
+__all__ = ["AUTO", "FALLBACK", "NATIVE", "AdapterNotFound", "AdapterRegistry", "builtin"]
 
 
 class AdapterNotFound(Exception):
@@ -43,15 +37,12 @@ class AdapterNotFound(Exception):
 def _adapters_in(module: ModuleType) -> list[type[Adapter]]:
     return [
         obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if issubclass(obj, Adapter) and obj.__module__ == module.__name__ and obj.name
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, Adapter)
+        and obj.__module__ == module.__name__
+        and obj.name
     ]
-
-
-def _builtin_modules() -> Iterable[ModuleType]:
-    package = importlib.import_module(builtin_adapters.PACKAGE)
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        yield importlib.import_module(f"{builtin_adapters.PACKAGE}.{info.name}")
 
 
 def _user_modules(folder: Path) -> Iterable[ModuleType]:
@@ -85,33 +76,29 @@ def builtin(name: str) -> type[Adapter]:
 
 class AdapterRegistry:
     def __init__(self, extra_folders: Iterable[Path] = ()) -> None:
-        self.adapters: dict[str, type[Adapter]] = {}
-        for module in _builtin_modules():
-            self._add(module)
-        # User adapters come last so they can replace a built-in of the same name.
+        # A user's adapters, by name; built-in ones are imported by get().
+        self.user_adapters: dict[str, type[Adapter]] = {}
         for folder in extra_folders:
             for module in _user_modules(Path(folder)):
-                self._add(module)
-
-    def _add(self, module: ModuleType) -> None:
-        for adapter in _adapters_in(module):
-            self.adapters[adapter.name] = adapter
+                for adapter in _adapters_in(module):
+                    self.user_adapters[adapter.name] = adapter
 
     def names(self) -> list[str]:
-        return sorted(self.adapters)
+        return sorted({*builtin_adapters.names(), *self.user_adapters})
 
     def get(self, name: str) -> type[Adapter]:
+        if name in self.user_adapters:
+            return self.user_adapters[name]
         try:
-            return self.adapters[name]
-        except KeyError:
+            return builtin(name)
+        except AdapterNotFound:
             known = ", ".join(self.names())
             raise AdapterNotFound(f"unknown adapter {name!r}; known adapters: {known}") from None
 
     def choose(self, initialize_result: JsonObject) -> type[Adapter]:
-        for name in self.names():
-            adapter = self.adapters[name]
+        for name in sorted(self.user_adapters):
+            adapter = self.user_adapters[name]
             if name not in (NATIVE, FALLBACK) and adapter.detect(initialize_result):
                 return adapter
-        if native_delivery(initialize_result) is not None:
-            return self.get(NATIVE)
-        return self.get(FALLBACK)
+        advertises = native_delivery(initialize_result) is not None
+        return self.get(builtin_adapters.choose(agent_name(initialize_result), advertises))

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     # load the validation models.
     from acp_bridge.system_prompt import SystemPrompt
 
+AGENT_NAME: Final = "goose"
 SET_METHOD: Final = "_goose/unstable/session/system-prompt/set"
 
 # MiniJinja's raw block ends at the first ``{%`` that opens an ``endraw`` tag, in any of
@@ -103,7 +104,7 @@ class GooseAdapter(Adapter):
 
     @classmethod
     def detect(cls, initialize_result: JsonObject) -> bool:
-        return agent_name(initialize_result) == "goose"
+        return agent_name(initialize_result) == AGENT_NAME
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)

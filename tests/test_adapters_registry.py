@@ -19,8 +19,9 @@ from harness import (
     wire_prompt,
 )
 
-from acp_bridge import __version__
+from acp_bridge import __version__, builtin_adapters, registry
 from acp_bridge.adapter import Adapter
+from acp_bridge.capabilities import native_delivery
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 
 SHOUT_ADAPTER = textwrap.dedent(
@@ -97,6 +98,83 @@ def test_auto_choice_falls_back_to_first_turn() -> None:
     registry = AdapterRegistry()
     assert registry.choose(v1_result({})).name == "first-turn"
     assert registry.choose({}).name == "first-turn"
+
+
+def builtin_adapter_classes() -> list[type[Adapter]]:
+    """Every built-in adapter, imported (the registry imports only those it uses)."""
+    return [registry.builtin(name) for name in builtin_adapters.names()]
+
+
+def declared_agent_names(adapter: type[Adapter]) -> set[str]:
+    """The agent names an adapter's module declares (``AGENT_NAME``, ``AGENT_NAMES``) or
+    its pool class reports (``reported_name``)."""
+    module = sys.modules[adapter.__module__]
+    found: set[str] = set()
+    for value in (
+        getattr(module, "AGENT_NAME", None),
+        getattr(module, "AGENT_NAMES", None),
+        getattr(adapter, "reported_name", None),
+    ):
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, (set, frozenset)):
+            found.update(value)
+    return found
+
+
+def initialize_results(name: str | None) -> list[dict[str, Any]]:
+    """Version 1 and 2 answers of an agent called ``name``, with and without a native
+    ``systemPrompt`` advertisement."""
+    results: list[dict[str, Any]] = []
+    for native in (False, True):
+        session: dict[str, Any] = {"systemPrompt": {}} if native else {}
+        v1: dict[str, Any] = {
+            "protocolVersion": 1,
+            "agentCapabilities": {"sessionCapabilities": session},
+        }
+        v2: dict[str, Any] = {"protocolVersion": 2, "capabilities": {"session": session}}
+        if name is not None:
+            v1["agentInfo"] = {"name": name, "version": "1.0.0"}
+            v2["info"] = {"name": name, "version": "1.0.0"}
+        results += [v1, v2]
+    return results
+
+
+def test_every_builtin_adapter_detects_exactly_its_names_in_the_table() -> None:
+    adapters = builtin_adapter_classes()
+    declared = {adapter.name: declared_agent_names(adapter) for adapter in adapters}
+    for adapter in adapters:
+        for agent in declared[adapter.name]:
+            assert builtin_adapters.AGENTS.get(agent) == adapter.name, (adapter.name, agent)
+    candidates = {*builtin_adapters.AGENTS, *(n for names in declared.values() for n in names)}
+    names: list[str | None] = [*sorted(candidates), "some-agent", None]
+    for adapter in adapters:
+        for name in names:
+            for result in initialize_results(name):
+                if adapter.name == builtin_adapters.NATIVE:
+                    expected = native_delivery(result) is not None
+                else:
+                    expected = builtin_adapters.AGENTS.get(name or "") == adapter.name
+                assert adapter.detect(result) == expected, (adapter.name, name, result)
+
+
+def test_the_table_chooses_what_the_adapters_detect_chose() -> None:
+    """The rule the table replaced: the first adapter by name whose ``detect`` accepts the
+    agent, then ``native`` for an agent that advertises the field, then ``first-turn``."""
+    adapters = sorted(builtin_adapter_classes(), key=lambda adapter: adapter.name)
+    names: list[str | None] = [*sorted(builtin_adapters.AGENTS), "some-agent", None]
+    for result in [result for name in names for result in initialize_results(name)]:
+        detected = [
+            adapter.name
+            for adapter in adapters
+            if adapter.name not in ("native", "first-turn") and adapter.detect(result)
+        ]
+        fallback = "native" if native_delivery(result) is not None else "first-turn"
+        assert AdapterRegistry().choose(result).name == (detected or [fallback])[0], result
+
+
+def test_the_table_names_only_builtin_adapters() -> None:
+    assert set(builtin_adapters.AGENTS.values()) <= set(builtin_adapters.names())
 
 
 def test_unknown_adapter_names_the_known_ones() -> None:

@@ -11,8 +11,10 @@ answered, or only began, the exchange before loading.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import queue
 import signal
 import subprocess
@@ -28,6 +30,7 @@ import pytest
 from conftest import FAKE_AGENT, pid_alive
 
 from acp_bridge import builtin_adapters, early_initialize, registry
+from acp_bridge.adapter import Adapter
 
 INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
 SESSION_NEW = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
@@ -480,7 +483,20 @@ def test_a_configuration_file_leaves_initialize_to_the_runtime(
 
 
 def test_every_builtin_adapter_lives_in_the_module_named_after_it() -> None:
-    for name, adapter in registry.AdapterRegistry().adapters.items():
+    package = importlib.import_module(builtin_adapters.PACKAGE)
+    found: dict[str, type[Adapter]] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{builtin_adapters.PACKAGE}.{info.name}")
+        for adapter in vars(module).values():
+            if (
+                isinstance(adapter, type)
+                and issubclass(adapter, Adapter)
+                and adapter.name
+                and adapter.__module__ == module.__name__
+            ):
+                found[adapter.name] = adapter
+    assert sorted(found) == builtin_adapters.names()
+    for name, adapter in found.items():
         assert builtin_adapters.module_of(name) == adapter.__module__
         assert registry.builtin(name) is adapter
     assert builtin_adapters.module_of("claud") is None
@@ -524,3 +540,61 @@ def test_the_exchange_loads_no_heavy_module_before_the_answer(adapter: str) -> N
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )  # fmt: skip
     assert done.stdout.decode().split() == ["[]", "[]", "True"]
+
+
+ANSWERS_AS = """
+import json, sys
+request = json.loads(sys.stdin.readline())
+answer = {"jsonrpc": "2.0", "id": request["id"], "result": RESULT}
+sys.stdout.write(json.dumps(answer) + "\\n")
+sys.stdout.flush()
+for line in sys.stdin:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "advertises", "chosen"),
+    [
+        ("@agentclientprotocol/claude-agent-acp", True, "claude"),
+        ("goose", False, "goose"),
+        ("some-agent", True, "native"),
+        ("some-agent", False, "first_turn"),
+        (None, False, "first_turn"),
+    ],
+)
+def test_the_automatic_choice_imports_only_the_chosen_adapter_before_the_answer(
+    name: str | None, advertises: bool, chosen: str
+) -> None:
+    """The adapter is chosen from the agent's answer by the table of agent names: no other
+    adapter, and nothing of trio, pydantic, click or yaml, is imported in the main thread
+    before the client has its answer."""
+    result: dict[str, Any] = {"protocolVersion": 1, "agentCapabilities": {}}
+    if name is not None:
+        result["agentInfo"] = {"name": name, "version": "1.0.0"}
+    if advertises:
+        result["agentCapabilities"]["sessionCapabilities"] = {"systemPrompt": {}}
+    agent = ANSWERS_AS.replace("RESULT", repr(result))
+    probe = (
+        "import os, sys, subprocess\n"
+        "from acp_bridge import early_initialize\n"
+        "heavy = ('trio', 'pydantic', 'click', 'yaml')\n"
+        "agent = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE,"
+        " stdout=subprocess.PIPE)\n"
+        "client_in, client_writes = os.pipe()\n"
+        "os.write(client_writes, sys.argv[2].encode())\n"
+        "client_reads, client_out = os.pipe()\n"
+        "early_initialize._Loader._load = staticmethod(lambda: None)\n"
+        "done = early_initialize.exchange(client_in, client_out, agent.stdin.fileno(),"
+        " agent.stdout.fileno())\n"
+        "adapters = [m for m in sys.modules if m.startswith('acp_bridge.adapters.')]\n"
+        "print([m for m in heavy if m in sys.modules], adapters, done.answered)\n"
+        "agent.kill()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, agent, INITIALIZE.decode()],
+        capture_output=True, timeout=30, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )  # fmt: skip
+    expected = f"[] ['acp_bridge.adapters.{chosen}'] True"
+    assert done.stdout.decode().strip() == expected
