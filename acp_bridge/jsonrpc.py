@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-import secrets
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -256,7 +256,9 @@ def _encode(message: Any) -> bytes:
 
 
 def _encode_infinities(message: Any) -> bytes:
-    marker = f"\x00infinity-{secrets.token_hex(8)}"
+    # os.urandom, as secrets.token_hex does, without importing secrets (hashlib, hmac,
+    # random): this module is on the way to the early initialize answer.
+    marker = f"\x00infinity-{os.urandom(8).hex()}"
 
     def replace(value: Any) -> Any:
         if isinstance(value, float) and math.isinf(value):
