@@ -598,3 +598,13 @@ def test_the_automatic_choice_imports_only_the_chosen_adapter_before_the_answer(
     )  # fmt: skip
     expected = f"[] ['acp_bridge.adapters.{chosen}'] True"
     assert done.stdout.decode().strip() == expected
+
+
+def test_the_early_context_offers_the_adapter_context_interface_and_nothing_else() -> None:
+    from acp_bridge.adapter import AdapterContext
+
+    interface = {name for name in vars(AdapterContext) if not name.startswith("_")}
+    interface |= set(AdapterContext.__annotations__)
+    context = early_initialize._EarlyContext()
+    assert {name for name in dir(context) if not name.startswith("_")} == interface
+    assert context.live_sessions() == set() and context.adapter_options("claude") == {}
