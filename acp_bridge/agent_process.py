@@ -289,6 +289,9 @@ class AgentProcess:
                 self.terminated_by_bridge = self.process.returncode is None
                 self._note_escaped()
                 self.signal_group(signal.SIGTERM)
+                # As systemd does: a stopped process (SIGSTOP, a debugger) acts on the
+                # SIGTERM only once continued; otherwise it would wait for the SIGKILL.
+                self.signal_group(signal.SIGCONT)
                 if not await self._wait_group(grace):
                     log.warning("agent pid %d ignored SIGTERM; sending SIGKILL", self.pid)
                     self._note_escaped()

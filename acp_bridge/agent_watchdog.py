@@ -235,6 +235,10 @@ def end_group(pgid: int, grace: float) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     signal_processes(escaped, signal.SIGTERM)
+    # A stopped process acts on the SIGTERM only once continued.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGCONT)
+    signal_processes(escaped, signal.SIGCONT)
     deadline = time.monotonic() + grace
     while (group_alive(pgid) or any_running(escaped)) and time.monotonic() < deadline:
         time.sleep(POLL)

@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from acp_bridge import capabilities, jsonrpc
+from acp_bridge import capabilities, hangup, jsonrpc
 from acp_bridge.adapter import (
     HOOKS,
     Adapter,
@@ -88,6 +88,9 @@ AGENT_EXIT_DRAIN: Final = 0.2
 
 # After the client's EOF, how long frames it sent may still wait for an interception.
 CLIENT_EOF_SETTLE: Final = 5.0
+# After the client closed its input, how long the client pump may go without reading before
+# it counts as stuck behind a write to an agent that does not read.
+CLIENT_HANGUP_STALL: Final = 0.5
 # After every process is stopped, how long their last answers may take to reach the client.
 FINAL_DRAIN: Final = 1.0
 WRITE_FAILED: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -491,6 +494,10 @@ class Bridge:
         self._stopping = False
         self._finished = trio.Event()
         self._client_went_away = trio.Event()
+        # How far the client pump has read, for telling a pump stuck behind a blocked
+        # write from one still reading (see _watch_client_hangup).
+        self._client_reads = 0
+        self._client_eof = trio.Event()
         # Set (and replaced) each time an interception is forwarded or answered: the only
         # steps after which the router can have become settled or stopped intercepting.
         self._interception_moved = trio.Event()
@@ -580,6 +587,7 @@ class Bridge:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._pump_client)
                 nursery.start_soon(self._watch_client_output)
+                nursery.start_soon(self._watch_client_hangup)
                 await self._finished.wait()
                 await self._drain()
                 nursery.cancel_scope.cancel()
@@ -700,6 +708,24 @@ class Bridge:
         await self._client_went_away.wait()
         await self._shutdown(self._status_after_client_left)
 
+    async def _watch_client_hangup(self) -> None:
+        """A client that closed its input while the client pump is stuck writing to an
+        agent that does not read (stopped, hung) has left too, although the pump cannot
+        read up to its end of file: once the client has hung up, a pump that reads nothing
+        more for :data:`CLIENT_HANGUP_STALL` is taken as stuck, and the bridge shuts down
+        as for the end of file (closing the agent's input ends the blocked write)."""
+        fd = hangup.descriptor_of(self.client_in)
+        if fd is None or not await hangup.wait_hangup(fd):
+            return
+        while not self._client_eof.is_set():
+            reads = self._client_reads
+            with trio.move_on_after(CLIENT_HANGUP_STALL):
+                await self._client_eof.wait()
+            if self._client_reads == reads and not self._client_eof.is_set():
+                log.info("the client left while a write to the agent was blocked")
+                await self._shutdown(self._status_after_client_left)
+                return
+
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
@@ -734,6 +760,7 @@ class Bridge:
                     data = await self.client_in.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
+                self._client_reads += 1
                 for item in self._lines(
                     splitter,
                     data,
@@ -755,6 +782,7 @@ class Bridge:
                         await self._pass_long_line(splitter, route, item)
                 await self.flush_all()
                 if not data:
+                    self._client_eof.set()
                     log.debug("client closed its input")
                     await self._settle()
                     await self._shutdown(self._status_after_client_left)

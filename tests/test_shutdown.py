@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,3 +156,35 @@ async def test_stray_output_inside_the_bridge_never_reaches_the_acp_stream(
     assert b"stray" not in bridge.received
     assert bridge.stderr().count("stray") == 5
     assert os.path.exists(bridge.file("agent.pid"))
+
+
+# Lines of 64 KiB to the agent: notifications, passed on as they come.
+FLOOD_LINE = json.dumps({"jsonrpc": "2.0", "method": "_x/flood", "params": {"pad": "x" * 65500}})
+FLOOD_BYTES = 2_100_000
+
+
+@pytest.mark.parametrize("config_file", [True, False], ids=["runtime", "early-start"])
+async def test_a_stopped_agent_with_a_full_pipe_does_not_keep_the_bridge_after_the_client_left(
+    open_bridge: OpenBridge, config_file: bool
+) -> None:
+    # The agent is stopped (a hung agent looks the same): the bridge's writes to it block
+    # once its pipe is full. The client writes about 2.1 MB, then closes its end.
+    with trio.fail_after(30):
+        async with open_bridge(config_file=config_file, grandchild=True) as bridge:
+            await ready(bridge)
+            agent = bridge.pids()[0]
+            os.kill(agent, signal.SIGSTOP)
+            try:
+                written = 0
+                with trio.move_on_after(3):  # as much as the pipes take
+                    while written < FLOOD_BYTES:
+                        await bridge.send_line(FLOOD_LINE.encode())
+                        written += len(FLOOD_LINE) + 1
+                await bridge.close_stdin()
+                assert written > 1 << 20  # more than the agent's pipe holds
+                await bridge.read_to_eof()
+                await bridge.wait()
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(agent, signal.SIGCONT)
+            assert_none_survive(bridge, 2)
