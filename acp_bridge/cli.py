@@ -460,14 +460,14 @@ async def run_stdio_started_first(
 
 def make_tracer(runtime: Runtime, trace_file: Path | None, trace_prompts: bool) -> Tracer:
     from acp_bridge.settings import ConfigError
-    from acp_bridge.trace import Tracer
+    from acp_bridge.trace import TraceFileError, Tracer
 
     settings = runtime.config.bridge
     try:
         trace_path = trace_file or settings.trace_path(runtime.variables)
-    except ConfigError as exc:
+        return Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
+    except (ConfigError, TraceFileError) as exc:
         raise click.ClickException(str(exc)) from exc
-    return Tracer(trace_path, include_prompts=trace_prompts or settings.trace_prompts)
 
 
 @click.group(cls=BridgeGroup)

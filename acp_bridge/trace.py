@@ -16,7 +16,9 @@ The file is created 0600: even redacted, frames carry the user's conversation.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,11 +148,32 @@ def redact_texts(value: Any, texts: set[str] | frozenset[str]) -> Any:
     return root[0]
 
 
+class TraceFileError(Exception):
+    """The trace file cannot be opened; the message names it and why."""
+
+
 def _open_private(path: Path) -> IO[bytes]:
-    """Open ``path`` for appending, created 0600; an existing file is made 0600 too."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    """Open ``path`` for appending, created 0600; an existing file is made 0600 too.
+
+    Only a regular file of its own name: a symbolic link is not followed (its target is
+    someone else's file to write and to chmod), and a FIFO or a device is refused without
+    waiting for a reader (O_NONBLOCK).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TraceFileError(
+                f"the trace file {path} is a symbolic link; give the path of the file itself"
+            ) from None
+        raise TraceFileError(f"cannot open the trace file {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TraceFileError(f"the trace file {path} is not a regular file")
+        os.set_blocking(fd, True)
+        if info.st_mode & 0o777 != FILE_MODE:
             # A trace left by an older run, or a file the user created: ours to tighten.
             with contextlib.suppress(PermissionError):
                 os.fchmod(fd, FILE_MODE)

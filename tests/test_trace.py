@@ -10,17 +10,19 @@ import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import trio
-from conftest import OpenBridge
+from conftest import FAKE_AGENT, OpenBridge
 
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.system_prompt import SystemPrompt
-from acp_bridge.trace import Tracer, redact_at
+from acp_bridge.trace import TraceFileError, Tracer, redact_at
 from adapters.claude import SUCCESSOR_NAME, ClaudeAdapter, ClaudeAgent, system_prompt_meta
 from adapters.first_turn import FirstTurnAdapter
 from adapters.goose import SET_METHOD, GooseAdapter
@@ -82,6 +84,46 @@ def test_an_existing_loose_trace_file_is_made_private(tmp_path: Path) -> None:
     path.chmod(0o644)
     Tracer(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_trace_path_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "someone-elses-file"
+    target.write_text("theirs\n")
+    target.chmod(0o644)
+    link = tmp_path / "trace.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(TraceFileError, match="symbolic link"):
+        Tracer(link)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert target.read_text() == "theirs\n"
+    # A dangling link does not create its target either.
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "not-yet")
+    with pytest.raises(TraceFileError, match="symbolic link"):
+        Tracer(dangling)
+    assert not (tmp_path / "not-yet").exists()
+
+
+def test_a_trace_path_that_is_no_regular_file_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo, 0o644)
+    with pytest.raises(TraceFileError):
+        Tracer(fifo)  # neither blocks waiting for a reader nor changes its mode
+    assert stat.S_IMODE(fifo.stat().st_mode) == 0o644
+
+
+def test_the_command_names_a_trace_file_it_cannot_open(tmp_path: Path) -> None:
+    link = tmp_path / "trace.jsonl"
+    link.symlink_to(tmp_path / "elsewhere")
+    argv = [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--trace", str(link),
+            "--", sys.executable, str(FAKE_AGENT)]  # fmt: skip
+    done = subprocess.run(argv, input=b"", capture_output=True, timeout=30, check=False)
+    assert done.returncode != 0
+    stderr = done.stderr.decode()
+    assert str(link) in stderr and "symbolic link" in stderr
+    assert "Traceback" not in stderr
 
 
 async def test_first_turn_block_sent_to_the_agent_is_redacted(
