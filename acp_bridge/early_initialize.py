@@ -278,13 +278,15 @@ def _exchange(ends: _Ends) -> Exchange:
         return Exchange(client_first=line, client_rest=client_rest, to_agent=forward[:written])
     sent = Exchange(client_first=line, to_agent=forward)
     chosen: type[Adapter] | None = None
-    if ends.adapter != AUTO:
-        try:
-            from acp_bridge import registry
+    try:
+        # Now, while the agent starts: for ``auto`` only the chosen adapter's own module
+        # is left to import once the agent has answered.
+        from acp_bridge import registry
 
+        if ends.adapter != AUTO:
             chosen = registry.builtin(ends.adapter)
-        except Exception:  # the runtime reports it
-            return sent
+    except Exception:  # the runtime reports it
+        return sent
     loader = _Loader()
     try:
         return _answer(ends, request, sent, chosen, loader)
