@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
-from acp_bridge.core.router import describe_exit
+from acp_bridge.core.exits import describe_exit
 from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
 
 if TYPE_CHECKING:

@@ -38,6 +38,7 @@ from acp_bridge.adapter import (
     Reply,
 )
 from acp_bridge.agent_process import AgentProcess, AgentStartError
+from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.router import (
     CLIENT,
     PRIMARY,
@@ -46,7 +47,6 @@ from acp_bridge.core.router import (
     Event,
     Intercept,
     Router,
-    describe_exit,
 )
 from acp_bridge.core.sessions import SessionTable, Step, Withdraw
 from acp_bridge.framing import (

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from acp_bridge import jsonrpc
+from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.ordering import CONNECTION, Gate, Key, request_key, session_key
 from acp_bridge.core.pending import ForWaiter, FromClient, PendingTable
 from acp_bridge.json_stream import Envelope
@@ -55,14 +56,6 @@ Route: TypeAlias = Callable[[str, Any], "int | None"]
 INITIALIZE: Final = "initialize"
 # Intercepted session/prompt holds its session only until forwarded (see ordering).
 SESSION_PROMPT: Final = "session/prompt"
-
-
-def describe_exit(status: int | None) -> str:
-    if status is None:
-        return "The agent exited."
-    if status < 0:
-        return f"The agent was killed by signal {-status}."
-    return f"The agent exited with status {status}."
 
 
 @dataclass(frozen=True, slots=True)
