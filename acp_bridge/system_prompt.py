@@ -180,16 +180,23 @@ def parse_system_prompt(
 
 
 META_FIELD: Final = "_meta.systemPrompt"
+# What the Python SDK (agent-client-protocol 0.12) makes of ``system_prompt=`` on
+# new_session and the others: unknown keywords go into _meta under the name given.
+META_SNAKE_KEY: Final = "system_prompt"
+META_SNAKE_FIELD: Final = "_meta.system_prompt"
 
 
 def take_system_prompt(params: JsonObject) -> tuple[object | None, str]:
     """Remove the client's prompt from lifecycle request ``params``; return it unvalidated
-    with the wire path it came from (``systemPrompt`` or ``_meta.systemPrompt``).
+    with the wire path it came from (``systemPrompt``, ``_meta.systemPrompt`` or
+    ``_meta.system_prompt``).
 
     The standard ``systemPrompt`` param wins (``null`` counts as absent). Without it, a
     ``_meta.systemPrompt`` of the RFD's shape (an object with ``mode`` and ``content``) is
-    the prompt too: SDK clients whose schema predates the field (the Python SDK 0.12.1)
-    put it there.
+    the prompt too: SDK clients whose schema predates the field put it there. Then any
+    non-null ``_meta.system_prompt``, the Python SDK's spelling: no agent reads that key,
+    so whatever is there was meant as the prompt and is refused rather than lost when it
+    is not a valid one.
 
     Validate the value with :func:`parse_system_prompt` like the standard one; an error's
     field path then starts with the returned source instead of ``systemPrompt``. Only that
@@ -202,15 +209,20 @@ def take_system_prompt(params: JsonObject) -> tuple[object | None, str]:
     if standard is not None:
         return standard, FIELD
     meta = params.get("_meta")
-    value = meta.get(FIELD) if isinstance(meta, dict) else None
-    if not (isinstance(meta, dict) and isinstance(value, dict)):
+    if not isinstance(meta, dict):
         return None, FIELD
-    if "mode" not in value or "content" not in value:
+    value = meta.get(FIELD)
+    if isinstance(value, dict) and "mode" in value and "content" in value:
+        key, source = FIELD, META_FIELD
+    elif meta.get(META_SNAKE_KEY) is not None:
+        key, source = META_SNAKE_KEY, META_SNAKE_FIELD
+        value = meta[key]
+    else:
         return None, FIELD
-    rest = {key: item for key, item in meta.items() if key != FIELD}
+    rest = {name: item for name, item in meta.items() if name != key}
     if rest:
         params["_meta"] = rest
     else:
         del params["_meta"]
-    log.debug("systemPrompt taken from _meta.systemPrompt (a client that predates the field)")
-    return value, META_FIELD
+    log.debug("systemPrompt taken from %s (a client that predates the field)", source)
+    return value, source

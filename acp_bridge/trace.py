@@ -57,8 +57,9 @@ def _redact_prompt(value: Any) -> Any:
 
 
 def redact(message: Any) -> Any:
-    """A copy of ``message`` without the client's system prompt forms: ``params.systemPrompt``
-    and ``params._meta.systemPrompt`` (what clients send claude-agent-acp directly)."""
+    """A copy of ``message`` without the client's system prompt forms: ``params.systemPrompt``,
+    ``params._meta.systemPrompt`` (what clients send claude-agent-acp directly) and
+    ``params._meta.system_prompt`` (the Python SDK's spelling)."""
     if isinstance(message, list):
         return [redact(item) for item in message]
     if not isinstance(message, dict) or not isinstance(message.get("params"), dict):
@@ -67,8 +68,11 @@ def redact(message: Any) -> Any:
     if "systemPrompt" in params:
         params["systemPrompt"] = _redact_prompt(params["systemPrompt"])
     meta = params.get("_meta")
-    if isinstance(meta, dict) and "systemPrompt" in meta:
-        params["_meta"] = {**meta, "systemPrompt": _redact_prompt(meta["systemPrompt"])}
+    if isinstance(meta, dict):
+        for key in ("systemPrompt", "system_prompt"):
+            if key in meta:
+                meta = {**meta, key: _redact_prompt(meta[key])}
+                params["_meta"] = meta
     return {**message, "params": params}
 
 

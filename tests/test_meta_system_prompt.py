@@ -91,6 +91,49 @@ def test_a_bad_rfd_shaped_meta_prompt_is_rejected_like_the_standard_field() -> N
     assert rejected.value.field == "systemPrompt.mode"
 
 
+def test_the_python_sdks_spelling_is_the_prompt_too() -> None:
+    # agent-client-protocol 0.12.1: new_session(..., system_prompt={...}) puts the keyword
+    # into _meta under the name given.
+    params: dict[str, Any] = {"cwd": "/", "_meta": {"system_prompt": RFD, "trace": "t1"}}
+    assert take_system_prompt(params) == (RFD, "_meta.system_prompt")
+    assert params == {"cwd": "/", "_meta": {"trace": "t1"}}
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ("Be brief.", "_meta.system_prompt"),
+        ({"mode": "append"}, "_meta.system_prompt.content"),
+        ({"mode": "append", "content": [{"type": "image"}]}, "_meta.system_prompt.content[0].type"),
+    ],
+    ids=["string", "no-content", "image-block"],
+)
+def test_any_other_value_in_the_python_spelling_is_refused_naming_it(
+    value: Any, field: str
+) -> None:
+    # No agent reads _meta.system_prompt: whatever is there was meant as the prompt, and
+    # passing it on would lose it silently.
+    params: dict[str, Any] = {"cwd": "/", "_meta": {"system_prompt": value}}
+    raw, source = take_system_prompt(params)
+    assert source == "_meta.system_prompt" and params == {"cwd": "/"}
+    with pytest.raises(PromptRejected) as rejected:
+        parse_system_prompt(raw, override_allowed=True)
+    assert source + rejected.value.field.removeprefix("systemPrompt") == field
+
+
+def test_a_null_python_spelling_is_left_alone() -> None:
+    params: dict[str, Any] = {"cwd": "/", "_meta": {"system_prompt": None}}
+    assert take_system_prompt(params) == (None, "systemPrompt")
+    assert params == {"cwd": "/", "_meta": {"system_prompt": None}}
+
+
+def test_the_standard_field_and_the_typescript_spelling_come_first() -> None:
+    other = {"mode": "append", "content": [{"type": "text", "text": "other"}]}
+    params: dict[str, Any] = {"_meta": {"systemPrompt": RFD, "system_prompt": other}}
+    assert take_system_prompt(params) == (RFD, "_meta.systemPrompt")
+    assert params == {"_meta": {"system_prompt": other}}
+
+
 # ------------------------------------------------------------------------------------
 # Through the bridge: a fake agent that names itself claude-agent-acp 0.101.0 (so the
 # claude adapter is chosen) and advertises systemPrompt, as that release does.

@@ -245,6 +245,24 @@ async def test_a_prompt_in_meta_from_an_older_client_is_validated_where_it_was_s
     assert sent["params"]["_meta"] == {"other": 1}
 
 
+async def test_the_python_sdks_meta_spelling_is_validated_and_delivered() -> None:
+    with trio.fail_after(5):
+        async with bridge_over_memory() as (client, agent):
+            bad = {"system_prompt": {"mode": "append", "content": [{"type": "image"}]}}
+            await client.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                               "params": {"cwd": "/", "mcpServers": [], "_meta": bad}})  # fmt: skip
+            refused = await client.receive()
+            assert refused["error"]["code"] == -32602
+            assert refused["error"]["data"] == {"field": "_meta.system_prompt.content[0].type"}
+            good = {"system_prompt": PROMPT, "other": 1}
+            params = {"cwd": "/", "mcpServers": [], "_meta": good}
+            await client.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                               "params": params})  # fmt: skip
+            assert (await client.receive())["result"]["sessionId"] == "sess-1"
+    (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
+    assert sent["params"]["_meta"] == {"other": 1}
+
+
 async def test_what_the_agent_sends_after_an_intercepted_answer_reaches_the_client_after_it() -> (
     None
 ):

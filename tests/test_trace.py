@@ -22,7 +22,7 @@ from conftest import FAKE_AGENT, OpenBridge
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.jsonrpc import JsonObject
 from acp_bridge.system_prompt import SystemPrompt
-from acp_bridge.trace import TraceFileError, Tracer, redact_at
+from acp_bridge.trace import TraceFileError, Tracer, redact, redact_at
 from adapters.claude import SUCCESSOR_NAME, ClaudeAdapter, ClaudeAgent, system_prompt_meta
 from adapters.first_turn import FirstTurnAdapter
 from adapters.goose import SET_METHOD, GooseAdapter
@@ -233,3 +233,15 @@ def test_redact_at_copies_and_ignores_missing_paths() -> None:
     assert message == {"params": {"a": [{"t": "x"}]}}
     assert redact_at(message, ("params", "b", "c")) is message
     assert redact_at(message, ("params", "a", 3, "t")) is message
+
+
+def test_redact_hides_the_python_sdks_meta_spelling() -> None:
+    prompt = {"mode": "append", "content": [{"type": "text", "text": "TOP-SECRET"}]}
+    message: dict[str, Any] = {
+        "method": "session/new",
+        "params": {"_meta": {"system_prompt": prompt, "k": 1}},
+    }
+    redacted = redact(message)
+    assert "TOP-SECRET" not in json.dumps(redacted)
+    assert redacted["params"]["_meta"]["k"] == 1
+    assert message["params"]["_meta"]["system_prompt"] == prompt
