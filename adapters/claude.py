@@ -46,6 +46,20 @@ SNAPSHOT_SINCE: Final = (0, 73, 0)
 
 Version = tuple[int, ...]
 
+# Claude Code's words when it is started as root with permission checks allowed off. As root,
+# claude-agent-acp allows them off whenever IS_SANDBOX is set (to anything); Claude Code
+# then starts only when IS_SANDBOX is exactly 1 (0.101.0 measured with IS_SANDBOX=yes, which
+# some dev containers carry). The bridge changes nothing about that, it only says why.
+ROOT_REFUSAL: Final = "cannot be used with root/sudo privileges"
+ROOT_HINT: Final = (
+    " (acp-bridge: claude-agent-acp runs as root, and IS_SANDBOX is set to something other "
+    "than 1, so it starts Claude Code allowing --dangerously-skip-permissions, which Claude "
+    "Code refuses as root unless IS_SANDBOX=1. IS_SANDBOX=1 declares the machine a sandbox, "
+    "a container or VM where the agent may act without asking; to keep the permission "
+    "prompts instead, unset IS_SANDBOX. Set it in the environment the bridge starts in, or "
+    'in a preset: agents: {claude: {env: {IS_SANDBOX: "1"}}} in the configuration file.)'
+)
+
 # Where the override text sits in a lifecycle request for versions that pin prompts.
 CUSTOM_PROMPT_PATH: Final = ("params", "_meta", "claudeCode", "options", "systemPrompt", "prompt")
 
@@ -151,12 +165,12 @@ class ClaudeAdapter(Adapter):
 
     async def session_new(self, call: LifecycleCall) -> Reply:
         self._apply(call, self._agent(call))
-        return await call.forward()
+        return explain_root_refusal(await call.forward())
 
     async def session_fork(self, call: LifecycleCall) -> Reply:
         # A fork gets a new session id, so nothing live can shadow its _meta.
         self._apply(call, self._agent(call))
-        return await call.forward()
+        return explain_root_refusal(await call.forward())
 
     async def session_load(self, call: LifecycleCall) -> Reply:
         return await self._reopen(call)
@@ -168,7 +182,7 @@ class ClaudeAdapter(Adapter):
         agent = self._agent(call)
         await self._close_if_changed(call, agent)
         self._apply(call, agent)
-        return await call.forward()
+        return explain_root_refusal(await call.forward())
 
     async def _close_if_changed(self, call: LifecycleCall, agent: ClaudeAgent) -> None:
         """Close a live session whose prompt changes, so the agent rebuilds it.
@@ -199,6 +213,16 @@ class ClaudeAdapter(Adapter):
             )
         except AgentExited:
             pass  # forwarding the request will report the exit to the client
+
+
+def explain_root_refusal(reply: Reply) -> Reply:
+    """``reply`` with a hint about IS_SANDBOX when Claude Code refused to start as root;
+    any other reply as it came (its bytes forwarded unchanged)."""
+    error = reply.error
+    message = error.get("message") if error is not None else None
+    if error is None or not isinstance(message, str) or ROOT_REFUSAL not in message:
+        return reply
+    return Reply(error={**error, "message": message + ROOT_HINT})
 
 
 def _fingerprint(prompt: SystemPrompt | None) -> str | None:

@@ -62,6 +62,7 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
         help="start the grandchild in a session of its own, out of the agent's group",
     )
     parser.add_argument("--fail-method", action="append", default=[])
+    parser.add_argument("--fail-message", help="the error message of --fail-method's answers")
     parser.add_argument("--session-prefix", default="", help="prefix of new session ids")
     parser.add_argument("--sent")
     parser.add_argument("--pidfile")
@@ -148,7 +149,10 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
                 {
                     "jsonrpc": "2.0",
                     "id": request_id,
-                    "error": {"code": -32603, "message": f"{method} failed on purpose"},
+                    "error": {
+                        "code": -32603,
+                        "message": args.fail_message or f"{method} failed on purpose",
+                    },
                 }
             )
         elif method == "initialize" and params.get("protocolVersion") == 2:

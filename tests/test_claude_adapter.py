@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from acp_bridge.adapters.claude import (
+    SUCCESSOR_NAME,
     ClaudeAdapter,
     ClaudeAgent,
     merge_meta,
@@ -82,3 +87,50 @@ def test_merge_keeps_the_clients_meta_and_does_not_change_it() -> None:
     assert merged["claudeCode"]["options"]["model"] == "m"
     assert merged["claudeCode"]["options"]["systemPrompt"]["prompt"] == "X"
     assert client == {"trace": 1, "claudeCode": {"options": {"model": "m"}}, "systemPrompt": "old"}
+
+
+# ------------------------------------------------------------------------------------
+# Running as root: the error claude-agent-acp 0.101.0 answers session/new with when it is
+# root and IS_SANDBOX is set to anything but 1 (measured; tests/e2e/test_claude.py runs
+# the real one).
+
+ROOT_REFUSAL = (
+    "Internal error: --dangerously-skip-permissions cannot be used with root/sudo privileges "
+    "for security reasons"
+)
+FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
+INIT = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+NEW = b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
+
+
+def session_new_error(message: str) -> tuple[dict[str, Any], bytes]:
+    """session/new through the real command line in front of a fake claude-agent-acp whose
+    session/new fails with ``message``; the error and the raw line the client got."""
+    agent = [sys.executable, FAKE_AGENT, "--name", SUCCESSOR_NAME]
+    agent += ["--fail-method", "session/new", "--fail-message", message]
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--", *agent],
+        input=INIT + NEW,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    (line,) = [raw for raw in done.stdout.splitlines() if json.loads(raw).get("id") == 2]
+    return json.loads(line)["error"], line
+
+
+def test_the_root_refusal_gets_a_hint_about_is_sandbox() -> None:
+    error, _ = session_new_error(ROOT_REFUSAL)
+    assert error["code"] == -32603
+    message = error["message"]
+    assert message.startswith(ROOT_REFUSAL)  # the agent's words first, as sent
+    for words in ("IS_SANDBOX=1", "sandbox", "unset IS_SANDBOX", "agents:", "env:"):
+        assert words in message, message
+
+
+def test_other_session_new_errors_pass_as_sent() -> None:
+    _, line = session_new_error("session/new failed on purpose")
+    assert line == (
+        b'{"jsonrpc": "2.0", "id": 2, "error": {"code": -32603, '
+        b'"message": "session/new failed on purpose"}}'
+    )

@@ -29,7 +29,7 @@ import pytest
 import trio
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
 from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
 from acp_bridge.verify import DefaultPrompt
@@ -413,3 +413,25 @@ async def test_a_long_prompt_line_passes_through_as_it_arrives(current_rig: Clau
                     break
                 await current_rig.endpoint.wait_for_requests(len(calls) + 1, TIMEOUT)
     assert "MARKER-LONG-LINE" in matching[0].system_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Claude Code refuses this only to root")
+async def test_as_root_with_is_sandbox_not_1_session_new_says_what_to_set(tmp_path: Path) -> None:
+    """Measured: as root, IS_SANDBOX=yes makes claude-agent-acp start Claude Code allowing
+    --dangerously-skip-permissions, which Claude Code refuses (unset or 1 both work). The
+    bridge adds a hint to the agent's error and changes nothing else."""
+    command = await trio.to_thread.run_sync(agents.claude_agent_command, *agents.CLAUDE_NATIVE)
+    async with open_model_endpoint() as endpoint:
+        rig = ClaudeRig(command, "claude", tmp_path, endpoint)
+        env = {**rig.env(), "IS_SANDBOX": "yes"}
+        argv = [sys.executable, "-m", "acp_bridge", "--state", rig.state, "--", *command]
+        async with spawn_bridge(argv, env=env) as (client, _process):
+            with trio.fail_after(TIMEOUT):
+                await client.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+                Path(rig.cwd).mkdir()
+                with pytest.raises(ClientRequestError) as refused:
+                    await client.request("session/new", {"cwd": rig.cwd, "mcpServers": []})
+    message = refused.value.error["message"]
+    assert "--dangerously-skip-permissions cannot be used with root/sudo privileges" in message
+    assert "IS_SANDBOX=1" in message and "unset IS_SANDBOX" in message, message
+    assert endpoint.main_requests("anthropic") == []
