@@ -230,3 +230,76 @@ async def test_a_private_folder_a_dead_bridge_left_is_removed_at_the_next_start(
     finally:
         os.close(lock)
         kill_all(entry)
+
+
+# --- at any moment, one agent or a pool ---------------------------------------------------
+
+# (the last step done, how long after it): ten moments from the bridge's spawn to the
+# middle of a turn. "new" is a session/new with a prompt (override for the pool, which
+# starts a process for it, with its private folder), "opened" its answer, "turn" a turn
+# that does not end.
+ANY_MOMENT = [
+    ("spawn", 0.0),
+    ("spawn", 0.05),
+    ("spawn", 0.15),
+    ("sent", 0.0),
+    ("answer", 0.0),
+    ("answer", 0.3),
+    ("new", 0.0),
+    ("new", 0.05),
+    ("opened", 0.0),
+    ("turn", 0.1),
+]
+STEPS = ["spawn", "sent", "answer", "new", "opened", "turn"]
+
+
+async def live_until(bridge: RunningBridge, moment: str, pooled: bool, cwd: Path) -> None:
+    """Drive the bridge through :data:`STEPS` up to ``moment``."""
+    for step in STEPS[1 : STEPS.index(moment) + 1]:
+        if step == "sent":
+            await bridge.request(0, "initialize", {"protocolVersion": 1})
+        elif step == "answer":
+            assert "result" in await bridge.response_to(0)
+        elif step == "new":
+            prompt = override("persona") if pooled else {**override("persona"), "mode": "append"}
+            params = {"cwd": str(cwd), "mcpServers": [], "systemPrompt": prompt}
+            await bridge.request(1, "session/new", params)
+        elif step == "opened":
+            assert "result" in await bridge.response_to(1)
+        elif pooled:
+            session = bridge.received.split(b'"sessionId": "', 1)[1].split(b'"', 1)[0].decode()
+            hang = [{"type": "text", "text": "hang"}]
+            await bridge.request(2, "session/prompt", {"sessionId": session, "prompt": hang})
+        else:
+            await bridge.request(2, "_test/hang")
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["one-agent", "pooled"])
+@pytest.mark.parametrize(("moment", "delay"), ANY_MOMENT)
+async def test_a_bridge_sigkilled_at_any_moment_leaves_no_process_and_no_private_file(
+    tmp_path: Path, bridge_env: dict[str, str], pooled: bool, moment: str, delay: float
+) -> None:
+    env, entry, temporary = pooled_env(bridge_env, tmp_path)
+    if pooled:
+        bridge = await open_pooled_cli(tmp_path, env)
+    else:
+        directory = tmp_path / "bridge"
+        directory.mkdir()
+        agent = fake_agent_argv(directory, "--ignore-eof", "--ignore-term", grandchild=True)
+        bridge = await open_cli(["--state", ":memory:", "--", *agent], env, directory)
+    try:
+        with trio.fail_after(30):
+            await live_until(bridge, moment, pooled, tmp_path)
+            await trio.sleep(delay)
+            bridge.process.kill()
+            await bridge.wait()
+            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            # The next start finds no private file either.
+            after = await open_pooled_cli(tmp_path, env, name="next")
+            await after.request(0, "initialize", {"protocolVersion": 1})
+            assert "result" in await after.response_to(0)
+            assert private_folders(temporary) == []
+            await after.close_stdin()
+            await after.wait()
+    finally:
+        kill_all(entry)
