@@ -42,6 +42,7 @@ AGENTS: Final[dict[str, str]] = {
     "@agentclientprotocol/claude-agent-acp": "claude",
     "@zed-industries/claude-agent-acp": "claude",
     "@zed-industries/claude-code-acp": "claude",
+    "cline": "cline",
     "codex-acp": "codex",
     "Copilot": "copilot",
     "gemini-cli": "gemini",

@@ -133,6 +133,9 @@ class VerifySpec(_Section):
     env: dict[str, Text] = Field(default_factory=dict)
     args: list[Text] = Field(default_factory=list)
     dirs: list[str] = Field(default_factory=list)
+    files: dict[str, Text] = Field(default_factory=dict)
+    """Files to write before the agent starts, path -> text (both expanded): for an agent
+    that reads the endpoint's address only from a settings file."""
     model: str | None = None
 
     _where: str = PrivateAttr(default="verify")
@@ -157,6 +160,15 @@ class VerifySpec(_Section):
             Path(expand(folder, variables, f"{self._where}.dirs[{index}]")).expanduser()
             for index, folder in enumerate(self.dirs)
         ]
+
+    def resolved_files(self, variables: Mapping[str, str]) -> dict[Path, str]:
+        """Files to write before the agent starts, path -> text."""
+        return {
+            Path(expand(path, variables, f"{self._where}.files")).expanduser(): expand(
+                text, variables, f"{self._where}.files[{path}]"
+            )
+            for path, text in self.files.items()
+        }
 
 
 class AgentPreset(_Section):

@@ -24,7 +24,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +161,15 @@ class VerifyPlan:
     state: str
     install: str = ""
     """The preset's install hint, for an agent that cannot be started."""
+    files: Mapping[Path, str] = field(default_factory=dict)
+    """The preset's files to write before the agent starts (``${ENDPOINT_URL}`` bound)."""
+
+    def write_files(self) -> None:
+        for path, text in self.files.items():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
 
 
 _STARTED = time.monotonic()
@@ -804,6 +813,7 @@ def _make_plan(
     flavour: str | None = endpoint_flavour
     extra_env: dict[str, str] = {}
     extra_args: list[str] = []
+    files: dict[Path, str] = {}
     agent_name = common.get("agent_name")
     if agent_name is None and not agent_cmd:
         common["agent_name"] = agent_name = DEFAULT_AGENT
@@ -831,6 +841,7 @@ def _make_plan(
             extra_args = spec.resolved_args(lookup)
             for folder in spec.resolved_dirs(lookup):
                 folder.mkdir(parents=True, exist_ok=True)
+            files = spec.resolved_files(lookup)
         extra_env.update(
             {k: expand(v, lookup, f"--env {k}") for k, v in _parse_env(env_pairs).items()}
         )
@@ -854,6 +865,7 @@ def _make_plan(
         home,
         runtime.state,
         runtime.install,
+        files,
     )
 
 
@@ -886,7 +898,8 @@ def bind_endpoint(plan: VerifyPlan, url: str) -> VerifyPlan:
         agent_argv=[fill(a) for a in plan.options.agent_argv],
         agent_env={k: fill(v) for k, v in plan.options.agent_env.items()},
     )
-    return dataclasses.replace(plan, options=options)
+    files = {path: fill(text) for path, text in plan.files.items()}
+    return dataclasses.replace(plan, options=options, files=files)
 
 
 async def run_verify(
@@ -896,6 +909,7 @@ async def run_verify(
     async with open_model_endpoint() as endpoint:
         bound = bind_endpoint(plan, endpoint.url)
         progress(f"model endpoint {endpoint.url} ({plan.flavour})")
+        bound.write_files()
         run = VerifyRun(bound, endpoint, agent_log, verbose)
         since = agent_log.size() if agent_log else 0
         try:

@@ -54,6 +54,8 @@ OPENCODE_VERSION = "1.18.33"
 COPILOT_VERSION = "1.0.102"
 GEMINI_CLI = ("@google/gemini-cli", "0.61.0")
 QWEN_CODE = ("@qwen-code/qwen-code", "0.24.4")
+# npm `cline` is a node launcher for the platform package's compiled binary.
+CLINE_VERSION = "3.0.65"
 
 INSTALL_TIMEOUT = 1800.0
 _MARKER = ".acp-bridge-installed"
@@ -200,6 +202,17 @@ def copilot_binary(version: str = COPILOT_VERSION) -> Path:
     return binary
 
 
+def cline_binary(version: str = CLINE_VERSION) -> Path:
+    """The compiled cline binary (run it as ``cline --acp``), not npm ``cline``'s node
+    launcher, which would stay between the bridge and the agent."""
+    package = f"@cline/cli-{_platform_suffix()}"
+    install(package, version)
+    binary = package_dir(package, version) / "bin" / "cline"
+    if not binary.is_file():
+        raise RuntimeError(f"{binary} is missing")
+    return binary
+
+
 def gemini_command() -> list[str]:
     """``gemini --acp`` from the pinned @google/gemini-cli bundle, run by node directly."""
     package, version = GEMINI_CLI
@@ -274,6 +287,7 @@ def agent_commands() -> dict[str, list[str]]:
     commands[f"codex-acp@{CODEX_ACP_VERSION}"] = [str(codex_acp_binary())]
     commands[f"opencode@{OPENCODE_VERSION}"] = [str(opencode_binary()), "acp"]
     commands[f"copilot@{COPILOT_VERSION}"] = [str(copilot_binary()), "--acp"]
+    commands[f"cline@{CLINE_VERSION}"] = [str(cline_binary()), "--acp"]
     commands[f"gemini-cli@{GEMINI_CLI[1]}"] = gemini_command()
     commands[f"qwen-code@{QWEN_CODE[1]}"] = qwen_command()
     return commands

@@ -79,6 +79,7 @@ def test_shipped_defaults_load(no_user_file: dict[str, str]) -> None:
         "qwen",
         "opencode",
         "copilot",
+        "cline",
     }
     assert len(config.sources) == 2
 
@@ -198,11 +199,29 @@ def test_copilot_preset_uses_copilots_own_provider_mode(no_user_file: dict[str, 
     assert env["HOME"] == "/v"
 
 
+def test_cline_preset_keeps_cline_off_its_hub_and_writes_the_endpoint_into_its_data(
+    no_user_file: dict[str, str],
+) -> None:
+    cline = load_config(environ=no_user_file).agent("cline")
+    assert cline.adapter == "cline"
+    assert cline.resolved_command({}) == ["npx", "-y", "cline@3.0.65", "--acp"]
+    # Also for the primary process, which is started before the adapter is chosen.
+    assert cline.resolved_env({}) == {"CLINE_SESSION_BACKEND_MODE": "local"}
+    verify = verify_of(cline)
+    assert verify.endpoint == "openai-chat"
+    assert verify.resolved_env(VERIFY_VARS)["HOME"] == "/v"
+    ((path, text),) = verify.resolved_files(VERIFY_VARS).items()
+    assert path == Path("/v/.cline/data/settings/providers.json")
+    (entry,) = json.loads(text)["providers"].values()
+    assert entry["settings"]["baseUrl"] == "http://127.0.0.1:4242/v1"
+    assert entry["updatedAt"]  # cline ignores an entry without it
+
+
 def test_unknown_preset_error_lists_known_names(no_user_file: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_config(environ=no_user_file).agent("cline")
-    assert "'cline'" in str(caught.value)
-    assert "claude, claude-legacy, codex, copilot, gemini, goose, opencode, qwen" in str(
+        load_config(environ=no_user_file).agent("amp")
+    assert "'amp'" in str(caught.value)
+    assert "claude, claude-legacy, cline, codex, copilot, gemini, goose, opencode, qwen" in str(
         caught.value
     )
 
