@@ -13,7 +13,10 @@ file and the key path (``config.yaml: agents.claude.argz: unknown key``).
 
 from __future__ import annotations
 
+import difflib
 import re
+import types
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
@@ -125,6 +128,22 @@ Text = Annotated[str, BeforeValidator(_scalar_text)]
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Where this section sits in the merged configuration, and which file set each key:
+    # errors found at use time (an undefined ${VAR}) name the file and key path.
+    _path: KeyPath = PrivateAttr(default=())
+    _origins: Mapping[KeyPath, str] = PrivateAttr(default_factory=dict)
+
+    def _at(self, *keys: str | int) -> str:
+        """``FILE: key.path`` of one of this section's values, for error messages."""
+        path = (*self._path, *keys)
+        if not self._origins:
+            return _dotted(path)
+        return f"{_origin(self._origins, path)}: {_dotted(path)}"
+
+    def _place(self, path: KeyPath, origins: Mapping[KeyPath, str]) -> None:
+        self._path = path
+        self._origins = origins
+
 
 class VerifySpec(_Section):
     """How ``acp-bridge verify`` points an agent at the embedded local model endpoint."""
@@ -138,26 +157,23 @@ class VerifySpec(_Section):
     that reads the endpoint's address only from a settings file."""
     model: str | None = None
 
-    _where: str = PrivateAttr(default="verify")
-
     def resolved_env(self, variables: Mapping[str, str]) -> dict[str, str]:
         """Variables to set on top of the agent's environment while verifying."""
         return {
-            name: expand(value, variables, f"{self._where}.env.{name}")
+            name: expand(value, variables, self._at("env", name))
             for name, value in self.env.items()
         }
 
     def resolved_args(self, variables: Mapping[str, str]) -> list[str]:
         """Arguments to append to the agent's command line while verifying."""
         return [
-            expand(arg, variables, f"{self._where}.args[{index}]")
-            for index, arg in enumerate(self.args)
+            expand(arg, variables, self._at("args", index)) for index, arg in enumerate(self.args)
         ]
 
     def resolved_dirs(self, variables: Mapping[str, str]) -> list[Path]:
         """Folders to create before the agent starts."""
         return [
-            Path(expand(folder, variables, f"{self._where}.dirs[{index}]")).expanduser()
+            Path(expand(folder, variables, self._at("dirs", index))).expanduser()
             for index, folder in enumerate(self.dirs)
         ]
 
@@ -184,14 +200,12 @@ class AgentPreset(_Section):
     cannot be started."""
     verify: VerifySpec | None = None
 
-    _where: str = PrivateAttr(default="agent")
-
     def resolved_command(self, variables: Mapping[str, str]) -> list[str]:
         """The command line: ``command`` followed by ``args``, expanded."""
         return [
-            expand(self.command, variables, f"{self._where}.command"),
+            expand(self.command, variables, self._at("command")),
             *(
-                expand(arg, variables, f"{self._where}.args[{index}]")
+                expand(arg, variables, self._at("args", index))
                 for index, arg in enumerate(self.args)
             ),
         ]
@@ -199,7 +213,7 @@ class AgentPreset(_Section):
     def resolved_env(self, variables: Mapping[str, str]) -> dict[str, str]:
         """Variables to set on top of the bridge's own environment (never instead of it)."""
         return {
-            name: expand(value, variables, f"{self._where}.env.{name}")
+            name: expand(value, variables, self._at("env", name))
             for name, value in self.env.items()
         }
 
@@ -233,16 +247,16 @@ class BridgeSettings(_Section):
 
     def state_location(self, variables: Mapping[str, str]) -> Path | Literal[":memory:"]:
         """Where the session store lives: ``default`` is :meth:`SessionStore.default_path`."""
-        return resolve_state(self.state, variables, "bridge.state")
+        return resolve_state(self.state, variables, self._at("state"))
 
     def trace_path(self, variables: Mapping[str, str]) -> Path | None:
         if self.trace is None:
             return None
-        return Path(expand(self.trace, variables, "bridge.trace")).expanduser()
+        return Path(expand(self.trace, variables, self._at("trace"))).expanduser()
 
     def adapter_folders(self, variables: Mapping[str, str]) -> list[Path]:
         return [
-            Path(expand(folder, variables, f"bridge.adapter_paths[{index}]")).expanduser()
+            Path(expand(folder, variables, self._at("adapter_paths", index))).expanduser()
             for index, folder in enumerate(self.adapter_paths)
         ]
 
@@ -268,11 +282,17 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _name_presets(self) -> Config:
-        for name, preset in self.agents.items():
-            preset._where = f"agents.{name}"
-            if preset.verify is not None:
-                preset.verify._where = f"agents.{name}.verify"
+        self.place({})
         return self
+
+    def place(self, origins: Mapping[KeyPath, str]) -> None:
+        """Tell every section its key path and which file set each key."""
+        self._place((), origins)
+        self.bridge._place(("bridge",), origins)
+        for name, preset in self.agents.items():
+            preset._place(("agents", name), origins)
+            if preset.verify is not None:
+                preset.verify._place(("agents", name, "verify"), origins)
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -333,6 +353,7 @@ def load_config(
     if problems:
         raise ConfigError(problems)
     config._sources = tuple(source for source, _ in layers)
+    config.place(origins)
     return config
 
 
@@ -429,6 +450,9 @@ def _describe(error: Mapping[str, Any], origins: Mapping[KeyPath, str]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         message = "unknown key"
+        close = difflib.get_close_matches(str(path[-1]), _keys_at(path[:-1]), n=1)
+        if close:
+            message += f" (did you mean {close[0]}?)"
     elif kind == "missing":
         message = "required key is missing"
     else:
@@ -437,6 +461,37 @@ def _describe(error: Mapping[str, Any], origins: Mapping[KeyPath, str]) -> str:
         if value is None or isinstance(value, str | int | float | bool):
             message += f" (got {value!r})"
     return f"{_origin(origins, path)}: {_dotted(path)}: {message}"
+
+
+def _keys_at(path: KeyPath) -> list[str]:
+    """The keys the configuration's models accept at ``path`` (a mapping of names, such as
+    ``agents``, takes any key: none listed)."""
+    annotation: Any = Config
+    rest = list(path)
+    while True:
+        annotation = _without_none(annotation)
+        if typing.get_origin(annotation) is dict:
+            if not rest:
+                return []
+            rest.pop(0)
+            annotation = typing.get_args(annotation)[1]
+            continue
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        if not rest:
+            return list(annotation.model_fields)
+        field = annotation.model_fields.get(str(rest.pop(0)))
+        if field is None:
+            return []
+        annotation = field.annotation
+
+
+def _without_none(annotation: Any) -> Any:
+    """``X`` of ``X | None``; anything else as it is."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
 
 
 def _yaml_kind(value: object) -> str:

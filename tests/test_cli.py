@@ -368,3 +368,32 @@ def test_help_gives_each_command_summary_whole(columns: str) -> None:
     assert "Sidecar: accept ACP connections on a socket, one agent process per connection." in (
         summaries
     )
+
+
+def test_a_misspelt_config_key_gets_a_suggestion(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("bridge:\n  allow_overide: false\nagents:\n  claude:\n    envv: {}\n")
+    done = run_bridge(["--config", str(config), "--", sys.executable, FAKE_AGENT], b"")
+    assert done.returncode == 1
+    error = done.stderr.decode()
+    assert f"{config}: bridge.allow_overide: unknown key (did you mean allow_override?)" in error
+    assert f"{config}: agents.claude.envv: unknown key (did you mean env?)" in error
+
+
+def test_an_undefined_variable_names_the_file_that_uses_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("agents:\n  mine:\n    command: ${MY_AGENT_BIN_UNSET}\n")
+    env = {k: v for k, v in os.environ.items() if k != "MY_AGENT_BIN_UNSET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "acp_bridge", "--config", str(config), "--agent", "mine"],
+        input=b"",
+        capture_output=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 1
+    assert (
+        f"Error: {config}: agents.mine.command: ${{MY_AGENT_BIN_UNSET}} is not defined"
+        in done.stderr.decode()
+    )

@@ -308,7 +308,7 @@ def test_unknown_key_names_the_file_and_key_path(
     user = write(tmp_path / "config.yaml", "agents:\n  claude:\n    argz: [x]\n")
     with pytest.raises(ConfigError) as caught:
         load_config(user, environ=no_user_file)
-    assert str(caught.value) == f"{user}: agents.claude.argz: unknown key"
+    assert str(caught.value) == f"{user}: agents.claude.argz: unknown key (did you mean args?)"
 
 
 def test_every_problem_gets_its_own_line(tmp_path: Path, no_user_file: dict[str, str]) -> None:
@@ -331,7 +331,7 @@ agents:
     assert len(lines) == 5, lines
     assert all(line.startswith(f"{user}: ") for line in lines)
     text = str(caught.value)
-    assert f"{user}: bridgee: unknown key" in lines
+    assert f"{user}: bridgee: unknown key (did you mean bridge?)" in lines
     assert "bridge.on_omitted: Input should be 'keep' or 'default' (got 'sometimes')" in text
     assert "bridge.line_limit:" in text
     assert f"{user}: agents.new-agent.command: required key is missing" in lines
