@@ -180,8 +180,8 @@ class VerifySpec(_Section):
     def resolved_files(self, variables: Mapping[str, str]) -> dict[Path, str]:
         """Files to write before the agent starts, path -> text."""
         return {
-            Path(expand(path, variables, f"{self._where}.files")).expanduser(): expand(
-                text, variables, f"{self._where}.files[{path}]"
+            Path(expand(path, variables, self._at("files"))).expanduser(): expand(
+                text, variables, self._at("files", path)
             )
             for path, text in self.files.items()
         }
