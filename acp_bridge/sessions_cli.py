@@ -112,12 +112,19 @@ def show_session(
         ("updated", _local_time(record.updated_at)),
     ]
     if prompt is not None:
-        delivered = "yes" if record.delivered == prompt.fingerprint() else "no"
         fields += [
             ("prompt", f"{len(prompt.text.encode())} bytes in {len(prompt.content)} block(s)"),
             ("fingerprint", prompt.fingerprint()),
-            ("in conversation", delivered),
         ]
+        # Recorded only where the prompt travels in a user turn (the first-turn adapter);
+        # every other adapter delivers it with the lifecycle request and records nothing.
+        if record.delivered is not None:
+            in_turn = (
+                "yes"
+                if record.delivered == prompt.fingerprint()
+                else "an earlier prompt; this one goes with the next turn"
+            )
+            fields.append(("in a user turn", in_turn))
     if record.damaged is not None:
         fields.append(("damaged", record.damaged))
     width = max(len(name) for name, _ in fields) + 1

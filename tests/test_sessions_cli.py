@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,35 @@ def test_a_broken_config_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(sessions, ["--config", str(config), "list"])
     assert result.exit_code == 1
     assert "bridge.stat" in result.output
+
+
+def show_through_the_command_line(state: Path, session_id: str) -> str:
+    command = [sys.executable, "-m", "acp_bridge", "sessions", "--state", str(state)]
+    done = subprocess.run(
+        [*command, "show", session_id],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def test_show_claims_nothing_about_turns_for_a_prompt_delivered_another_way(
+    state: Path,
+) -> None:
+    # claude takes the prompt on session/new: the store records no user-turn delivery,
+    # and the prompt did reach the model.
+    shown = show_through_the_command_line(state, "sess-1")
+    assert "in conversation" not in shown and "user turn" not in shown, shown
+
+
+def test_show_says_when_first_turn_put_the_prompt_in_a_user_turn(state: Path) -> None:
+    with SessionStore(state) as store:
+        store.save("first-turn-agent", "sess-ft", PROMPT)
+        store.set_delivered("first-turn-agent", "sess-ft", PROMPT.fingerprint())
+        store.save("first-turn-agent", "sess-changed", PROMPT)
+        store.set_delivered("first-turn-agent", "sess-changed", "an-earlier-fingerprint")
+    assert "in a user turn: yes\n" in show_through_the_command_line(state, "sess-ft")
+    changed = show_through_the_command_line(state, "sess-changed")
+    assert "in a user turn: an earlier prompt; this one goes with the next turn\n" in changed
