@@ -13,16 +13,22 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
 - a container that does not end within the text held is entered token by token.
 
 It accepts exactly the JSON that :func:`acp_bridge.jsonrpc.parse` accepts (strict UTF-8,
-no byte order mark, no ``NaN``/``Infinity``, no control characters in strings), except that
-it has no nesting limit (its stack is a list, not recursion) and refuses a number longer
-than 64 KiB (held until it ends, it would cost time quadratic in its length). Of the
-top-level object it remembers the small members (``jsonrpc``, ``id``, ``method``) and the
-type of the large ones, which is what routing needs (:class:`Envelope`).
+no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, numbers of
+any length), except that it has no nesting limit (its stack is a list, not recursion). A
+number is judged as it arrives, by its shape, so a long one costs time linear in its
+length. Of the top-level object it remembers the small members (``jsonrpc``, ``id``,
+``method``) and the type of the large ones, which is what routing needs (:class:`Envelope`).
+
+What has been judged is known to the byte (:attr:`LineValidator.judged`): a line passed on
+as it arrives releases only judged bytes, and should the line turn out invalid after all,
+:meth:`LineValidator.cut_ending` gives the text that ends what was released as one valid
+JSON-RPC message its receiver ignores (see docs/architecture.md, "Long lines").
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,18 +64,31 @@ _SCALAR_RUN: Final = re.compile(
 _WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
 _SCAN_WINDOWS: Final = (2 * 1024, _WHOLE_AT_ONCE)  # most are small: a short look first
 _RUN_WINDOW: Final = 16 * 1024  # longer matches slow the engine down and cost it memory
-_LONGEST_NUMBER: Final = 64 * 1024
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
+_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+# What a number may start as and still be completed.
+_NUMBER_PREFIX: Final = re.compile(
+    r"-?(?:(?:0|[1-9][0-9]*)(?:\.(?:[0-9]+(?:[eE][-+]?[0-9]*)?)?|[eE][-+]?[0-9]*)?)?"
+)
+_DIGITS: Final = re.compile(r"[0-9]{2,}")
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
+# After json's scanner ran out of recursion on a container, this many containers are
+# entered without trying it again (it fails after about a thousand levels).
+_UNSCANNED_AFTER_DEEP: Final = 256
 # json's C string scanner (typeshed does not declare it): (text, index after the opening
 # quote, strict) -> (the string, index after the closing quote).
 _scanstring: Final[Callable[[str, int, bool], tuple[str, int]]] = decoder.scanstring  # type: ignore[attr-defined]
 _scan_once: Final[Callable[[str, int], tuple[Any, int]]] = make_scanner(jsonrpc._DECODER)  # type: ignore[arg-type]
 
 # What the validator expects next.
-_VALUE, _FIRST_VALUE, _FIRST_KEY, _KEY, _COLON, _AFTER_VALUE, _STRING, _DONE = range(8)
+_VALUE, _FIRST_VALUE, _FIRST_KEY, _KEY, _COLON, _AFTER_VALUE, _STRING, _DONE, _NUMBER_GOES_ON = (
+    range(9)
+)
 _UNKNOWN: Final = object()
+# The method a line cut short is ended with: an extension method (ACP: a leading
+# underscore), which a peer ignores as a notification and refuses as a request.
+CUT_METHOD: Final = "_acp-bridge/cut_line"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +118,20 @@ class Envelope:
         """The message's kind by :func:`jsonrpc.classify_message`; raises FrameError."""
         if not self.is_object:
             raise FrameError(jsonrpc.INVALID_REQUEST, "A streamed line must be one object.")
+        if isinstance(self.members.get("id"), Large):
+            raise FrameError(
+                jsonrpc.INVALID_REQUEST,
+                f"The id is longer than the bridge reads without parsing the line "
+                f"({_SMALL} characters).",
+            )
         return jsonrpc.classify_message(self.skeleton(), b"").kind
+
+    def request_id(self) -> jsonrpc.RequestId:
+        """The id to answer the line with: its own if it is a request that named one."""
+        request_id = self.members.get("id")
+        if "method" in self.members and jsonrpc.is_request_id(request_id):
+            return request_id
+        return None
 
 
 class LineValidator:
@@ -116,11 +148,79 @@ class LineValidator:
         self._key: str | None = None  # the top-level key whose value comes next
         self._controls = False  # tabs or carriage returns arrived (checked inside strings)
         self._started = False
+        self._number_shape = ""  # a number still arriving, its digit runs shortened
+        self._number_text: list[str] | None = None  # and its text, for a top-level member
+        self._fed = 0  # bytes fed
+        self._closed_at = -1  # the byte that closed the top-level value
+        self._top_members = 0
+        self._unscanned = 0  # containers to enter without trying json's scanner first
         self.envelope = Envelope()
+
+    @property
+    def judged(self) -> int:
+        """How many of the bytes fed are judged: they belong to a valid start of a JSON
+        text. The bytes after them (a character, escape or literal cut by the end of a
+        piece) wait for the next piece. The top-level value's closing bracket counts as
+        judged only once the line is finished, so a line cut at its end can still be
+        ended as :meth:`cut_ending` has it."""
+        if self._expect == _DONE and self._closed_at >= 0:
+            return self._closed_at
+        waiting = self._decoder.getstate()[0]
+        return self._fed - len(self._text.encode()) - len(waiting)
+
+    def cut_ending(self) -> bytes | None:
+        """What ends the judged bytes as one valid JSON-RPC message that the receiver
+        ignores: the values and containers left open are closed with ``null`` or what
+        completes them, and the top-level object gets a second member of the same name
+        as the one that made it a message, which replaces it for a JSON reader (the last
+        of two members wins; a strict one refuses the line): ``method`` becomes
+        :data:`CUT_METHOD` with empty params, an answer's ``id`` becomes null (and it gets
+        a null ``result`` if it had none yet). None when
+        the bytes judged are not inside a top-level object of either kind."""
+        stack = self._stack
+        members = self.envelope.members
+        if self._expect == _DONE:
+            if not self.envelope.is_object:
+                return None
+            closing, has_member = "", self._top_members > 0
+        elif not stack or not stack[0]:
+            return None
+        else:
+            closing, has_member = self._closing()
+        if type(members.get("method")) is str:
+            override = f'"method":"{CUT_METHOD}","params":{{}}'
+        elif "id" in members:
+            override = '"id":null'
+            if "result" not in members and "error" not in members:
+                override += ',"result":null'
+        else:
+            return None
+        return (closing + ("," if has_member else "") + override + "}").encode()
+
+    def _closing(self) -> tuple[str, bool]:
+        """The text that completes the value in progress and closes the containers inside
+        the top-level object; whether that object then has a member."""
+        expect = self._expect
+        if expect == _STRING:
+            parts = ['":null' if self._in_key else '"']
+        elif expect == _NUMBER_GOES_ON:
+            parts = ["" if _NUMBER.fullmatch(self._number_shape) else "0"]
+        elif expect == _COLON:
+            parts = [":null"]
+        elif expect == _VALUE:
+            parts = ["null"]
+        elif expect == _KEY:
+            parts = ['"":null']
+        else:  # _FIRST_KEY, _FIRST_VALUE, _AFTER_VALUE: nothing is open
+            parts = []
+        parts += ["}" if is_object else "]" for is_object in reversed(self._stack[1:])]
+        empty_top = len(self._stack) == 1 and expect == _FIRST_KEY
+        return "".join(parts), not empty_top
 
     # ------------------------------------------------------------------ input
 
     def feed(self, data: bytes) -> None:
+        self._fed += len(data)
         controls = data.translate(None, _NOT_CONTROL)
         if controls:
             if controls.strip(_WHITESPACE_CONTROLS):
@@ -183,6 +283,14 @@ class LineValidator:
         end = len(text)
         while True:
             expect = self._expect
+            if expect == _DONE and self._closed_at < 0:
+                self._closed_at = self._byte_at(text, pos - 1)
+            if expect == _NUMBER_GOES_ON:
+                pos = self._number_goes_on(text, pos, final)
+                if pos < 0:
+                    pos = end
+                    break
+                continue
             if expect == _STRING:
                 after = self._string(text, pos, final)
                 if after < 0:
@@ -215,6 +323,42 @@ class LineValidator:
                 self._punctuation(expect, char)
                 pos += 1
         self._text = text[pos:]
+
+    def _byte_at(self, text: str, pos: int) -> int:
+        """The position in the line's bytes of ``text[pos]`` (text is the tail held)."""
+        return self._fed - len(text[pos:].encode()) - len(self._decoder.getstate()[0])
+
+    def _number_goes_on(self, text: str, pos: int, final: bool) -> int:
+        """A number cut by the end of a piece goes on at ``pos``: the position after it,
+        or -1 when it reaches the end of the text held too."""
+        end = _NUMBER_REST.match(text, pos).end()  # type: ignore[union-attr]  # always matches
+        self._number_part(text[pos:end])
+        if end == len(text) and not final:
+            return -1
+        self._number_done()
+        return end
+
+    def _number_part(self, part: str) -> None:
+        shape = _DIGITS.sub(_shorten_digits, self._number_shape + part)
+        if not _NUMBER_PREFIX.fullmatch(shape):
+            raise _invalid(f"a malformed number (…{part[-10:]!r})")
+        self._number_shape = shape
+        if self._number_text is not None:
+            self._number_text.append(part)
+            if sum(map(len, self._number_text)) > _SMALL:
+                self._number_text = None  # no number routing looks at is this long
+
+    def _number_done(self) -> None:
+        if not _NUMBER.fullmatch(self._number_shape):
+            raise _invalid("a number cut short")
+        value: Any = _UNKNOWN
+        if self._number_text is not None:
+            value = _number_value("".join(self._number_text))
+        elif len(self._stack) == 1 and self._key is not None:
+            value = Large(int)
+        self._number_shape = ""
+        self._number_text = None
+        self._value_done(value)
 
     def _punctuation(self, expect: int, char: str) -> None:
         """Take the one character ``char`` between values."""
@@ -260,10 +404,17 @@ class LineValidator:
             return -after - 1  # where the string's text stops (it is judged up to there)
         if char in {"{", "["}:
             try:
+                if self._unscanned:
+                    self._unscanned -= 1
+                    raise RecursionError  # deep here: json's scanner would fail again
                 value, after = _scan_small(text, pos)
-            except (ValueError, StopIteration, RecursionError):
+            except (ValueError, StopIteration, RecursionError) as exc:
                 # Not complete within the text held (or invalid further on, or deep):
                 # enter it and judge it token by token.
+                if isinstance(exc, RecursionError) and not self._unscanned:
+                    # Each try goes a thousand levels down before it fails: the next
+                    # containers are entered without one, so deep nesting costs linear time.
+                    self._unscanned = _UNSCANNED_AFTER_DEEP
                 is_object = char == "{"
                 if not self._stack:
                     self.envelope.is_object = is_object
@@ -273,24 +424,27 @@ class LineValidator:
                 return pos + 1
             self._value_done(value)
             return after
+        if char in _NUMBER_START:
+            # By its shape, not through json's scanner: it may go on in the next piece,
+            # and may have more digits than int() converts.
+            end = _NUMBER_REST.match(text, pos).end()  # type: ignore[union-attr]  # always matches
+            self._number_shape = ""
+            keep = len(self._stack) == 1 and self._key is not None
+            self._number_text = [] if keep else None
+            self._number_part(text[pos:end])
+            if end == len(text) and not final:
+                self._expect = _NUMBER_GOES_ON
+                return end
+            self._number_done()
+            return end
         try:
             value, after = _scan_once(text, pos)
         except StopIteration:
             if not final and len(text) - pos < 6:
-                return -1  # a literal or number cut short
+                return -1  # a literal cut short
             raise _invalid(f"expected a value, got {text[pos : pos + 10]!r}") from None
-        except ValueError as exc:  # NaN, Infinity, an integer too long
+        except ValueError as exc:  # NaN, Infinity
             raise _invalid(str(exc)) from None
-        if (
-            not final
-            and type(value) in (int, float)
-            and (after == len(text) or _number_goes_on(text, after))
-        ):
-            if after - pos > _LONGEST_NUMBER:
-                # Held whole until it ends, a longer one would cost time quadratic in its
-                # length; json's own reader refuses integers of more than 4,300 digits.
-                raise _invalid("a number longer than 64 KiB")
-            return -1  # the number may go on in the next piece
         self._value_done(value)
         return after
 
@@ -355,7 +509,9 @@ class LineValidator:
         if depth == 0 and type(value) is dict:  # the whole line was held: read at once
             self.envelope.is_object = True
             self.envelope.members = {key: _kept(item) for key, item in value.items()}
+            self._top_members = len(value)
         if depth == 1:
+            self._top_members += 1
             key = self._key
             if key is not None:
                 if self.envelope.open_member == key:
@@ -366,9 +522,48 @@ class LineValidator:
         self._expect = _DONE if depth == 0 else _AFTER_VALUE
 
 
+def judge(raw: bytes) -> tuple[Envelope, FrameError | None]:
+    """A whole line judged without building its value: its envelope and None if it is
+    valid JSON, else what was read of the envelope before the fault and the error (with
+    the request's id when the line named one before its fault)."""
+    validator = LineValidator()
+    try:
+        validator.feed(raw)
+        return validator.finish(), None
+    except FrameError as exc:
+        error = exc
+    envelope = validator.envelope
+    fault = _first_byte_fault(raw)
+    if fault is not None:
+        # Bytes that are invalid wherever they are fail a piece before any of it is
+        # judged: read the envelope up to them.
+        validator = LineValidator()
+        with contextlib.suppress(FrameError):
+            validator.feed(raw[:fault])
+        envelope = validator.envelope
+    request_id = error.request_id if error.request_id is not None else envelope.request_id()
+    return envelope, FrameError(error.code, error.message, request_id)
+
+
+_BAD_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x0c\x0e-\x1f]")
+
+
+def _first_byte_fault(raw: bytes) -> int | None:
+    """Where the first byte that no valid line holds is: a control character other than
+    tab and carriage return, or a byte that is not UTF-8."""
+    control = _BAD_CONTROL.search(raw)
+    fault = control.start() if control is not None else None
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        fault = exc.start if fault is None else min(fault, exc.start)
+    return fault
+
+
 def _scan_small(text: str, pos: int) -> tuple[Any, int]:
     """json's C scanner on the value at ``pos`` if it is small: only a small value is worth
-    building, so a larger one fails after a bounded look (and is entered instead)."""
+    building, so a larger one fails after a bounded look (and is entered instead, as is one
+    holding an integer too long for int())."""
     if len(text) - pos <= _WHOLE_AT_ONCE:
         return _scan_once(text, pos)
     for window in _SCAN_WINDOWS:
@@ -399,17 +594,26 @@ def _escape_safe_cut(text: str, pos: int) -> int:
     return backslash if backslash + length > cut else cut
 
 
-def _number_goes_on(text: str, after: int) -> bool:
-    """Whether a number that ends at ``after`` may go on in the next piece."""
-    rest = _NUMBER_REST.match(text, after)
-    return rest is not None and rest.end() == len(text)
+_NUMBER_START: Final = frozenset("-0123456789")
+
+
+def _shorten_digits(run: re.Match[str]) -> str:
+    """A run of two or more digits as two: what its first digit is and that more follow
+    is all a number's shape needs (a leading zero must stand alone)."""
+    return run[0][0] + "1"
+
+
+def _number_value(text: str) -> Any:
+    if any(char in text for char in ".eE"):
+        return float(text)
+    return jsonrpc._parse_int(text)
 
 
 def _kept(value: Any) -> Any:
     """A top-level member as the envelope keeps it: scalars as they are, else its type."""
     if isinstance(value, str) and len(value) > _SMALL:
         return Large(str)
-    if value is None or isinstance(value, (str, int, float, bool, Large)):
+    if value is None or isinstance(value, (str, int, float, bool, Large, jsonrpc.LongInteger)):
         return value
     return Large(type(value))
 

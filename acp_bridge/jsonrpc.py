@@ -10,6 +10,7 @@ import enum
 import json
 import math
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from json.scanner import make_scanner
 from typing import Any, Final, TypeAlias
 
-RequestId: TypeAlias = int | str | None
+RequestId: TypeAlias = "int | str | LongInteger | None"
 JsonObject: TypeAlias = dict[str, Any]
 
 PARSE_ERROR: Final = -32700
@@ -45,6 +46,30 @@ class FrameError(Exception):
         self.code = code
         self.message = message
         self.request_id = request_id
+
+
+class NestedTooDeeply(FrameError):
+    """Valid JSON, perhaps, but nested more deeply than a value can be built here (json's
+    decoder recurses once per level). The line can still be judged without building it
+    (:class:`acp_bridge.json_stream.LineValidator`) and passed on unchanged."""
+
+
+# A message nested this deeply may take json's decoder and encoder past Python's recursion
+# limit (1,000 frames by default, less what the caller's stack already holds).
+BUILD_DEPTH: Final = 900
+DEPTH_LIMIT_MESSAGE: Final = (
+    f"The message is nested more than about {BUILD_DEPTH} levels deep, deeper than the "
+    "bridge can read or change a message; it passes such a message on only unchanged."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LongInteger:
+    """An integer with more digits than Python converts from text (4,300 by default, a
+    guard against quadratic conversion). Valid JSON: kept as its digits, which is all the
+    bridge needs to route a message holding one and to write it again."""
+
+    digits: str
 
 
 @dataclass(slots=True)
@@ -85,7 +110,7 @@ class Frame:
 def is_request_id(value: object) -> bool:
     return (
         value is None
-        or isinstance(value, str)
+        or isinstance(value, (str, LongInteger))
         or (isinstance(value, int) and not isinstance(value, bool))
     )
 
@@ -126,20 +151,34 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _parse_int(digits: str) -> int | LongInteger:
+    try:
+        return int(digits)
+    except ValueError:  # more digits than int() converts
+        return LongInteger(digits)
+
+
 # NaN and Infinity are Python extensions, not JSON. One decoder for every line:
 # json.loads with an option builds a new one per call, a cost on every frame relayed.
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+# The same, with integers of any length (a Python call per integer: only where the first
+# one failed).
+_LENIENT_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_parse_int)
 
 
 def decode(text: str) -> Any:
     """JSON text to a value, as :func:`parse` reads it; raises ValueError or RecursionError."""
-    return _DECODER.decode(text)
+    try:
+        return _DECODER.decode(text)
+    except ValueError:
+        return _LENIENT_DECODER.decode(text)
 
 
 # json's C scanner itself, from the decoder above (so NaN and Infinity stay rejected):
 # what JSONDecoder.decode runs after two regular-expression matches for whitespace.
 # (typeshed declares the context argument as a scanner, where it is any JSONDecoder.)
 _scan_once: Final[Callable[[str, int], tuple[Any, int]]] = make_scanner(_DECODER)  # type: ignore[arg-type]
+scan_lenient: Final[Callable[[str, int], tuple[Any, int]]] = make_scanner(_LENIENT_DECODER)  # type: ignore[arg-type]
 _TRAILING_WHITESPACE: Final = " \t\n\r"
 
 
@@ -223,11 +262,11 @@ def parse_in_full(raw: bytes) -> Frame:
         if text.startswith("\ufeff"):
             # What json.loads says of a byte order mark (the decoder itself does not check).
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        message = _DECODER.decode(text)
+        message = _LENIENT_DECODER.decode(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError(PARSE_ERROR, f"The line is not valid JSON: {exc}.") from None
     except RecursionError:
-        raise FrameError(PARSE_ERROR, "The line is nested too deeply to parse.") from None
+        raise NestedTooDeeply(INVALID_REQUEST, DEPTH_LIMIT_MESSAGE) from None
     return classify_message(message, raw)
 
 
@@ -250,34 +289,44 @@ def _encode(message: Any) -> bytes:
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return text.encode()
     except UnicodeEncodeError:
-        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
-    except ValueError:
-        return _encode_infinities(message)
+        try:
+            return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        except (ValueError, TypeError):
+            return _encode_numbers(message)
+    except (ValueError, TypeError):  # an infinity, a LongInteger
+        return _encode_numbers(message)
 
 
-def _encode_infinities(message: Any) -> bytes:
+def _encode_numbers(message: Any) -> bytes:
+    """:func:`_encode` for a message holding numbers json cannot write: each is written
+    as a marker string first, then the marker replaced by the number's text."""
     # os.urandom, as secrets.token_hex does, without importing secrets (hashlib, hmac,
     # random): this module is on the way to the early initialize answer.
-    marker = f"\x00infinity-{os.urandom(8).hex()}"
+    marker = f"\x00number-{os.urandom(8).hex()}-"
+    numbers: list[str] = []
 
     def replace(value: Any) -> Any:
         if isinstance(value, float) and math.isinf(value):
-            return marker if value > 0 else "-" + marker
-        if isinstance(value, dict):
+            numbers.append("1e999" if value > 0 else "-1e999")
+        elif isinstance(value, LongInteger):
+            numbers.append(value.digits)
+        elif isinstance(value, dict):
             return {key: replace(item) for key, item in value.items()}
-        if isinstance(value, list):
+        elif isinstance(value, list):
             return [replace(item) for item in value]
-        return value
+        else:
+            return value
+        return f"{marker}{len(numbers) - 1}"
 
     text = json.dumps(replace(message), separators=(",", ":"), allow_nan=False)
-    quoted = json.dumps(marker)
-    return text.replace('"-' + quoted[1:], "-1e999").replace(quoted, "1e999").encode()
+    quoted = re.escape(json.dumps(marker)[:-1])  # the marker's opening quote and text
+    return re.sub(quoted + r'([0-9]+)"', lambda m: numbers[int(m[1])], text).encode()
 
 
 _RECURSION_LOCK: Final = threading.Lock()
 # The parser may have run on a shallower stack than the caller of encode(), so a message
 # it accepted can exceed the recursion limit there. Its depth is bounded by the limit, so a
-# few times the limit always suffices (the Python-level walk of _encode_infinities takes
+# few times the limit always suffices (the Python-level walk of _encode_numbers takes
 # two frames a level), and the real depth, hence the C stack used, does not change.
 _HEADROOM: Final = 4
 

@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from acp_bridge import capabilities, hangup, jsonrpc
+from acp_bridge import capabilities, hangup, json_stream, jsonrpc
 from acp_bridge.adapter import (
     HOOKS,
     Adapter,
@@ -245,16 +245,36 @@ class Waiter:
 class LongLine:
     """A line passed on while it is still arriving (spec §2 with a bounded memory).
 
-    Its bytes go to ``outbox`` as they come while ``validator`` judges them; only a valid
-    line gets its end. One that turns out not to be valid JSON-RPC is cut: the receiver
-    gets its start and a newline (a line it cannot parse, which it drops), and the sender
-    the error it would have had for the whole line.
+    Its bytes go to ``outbox`` as they come, but only once ``validator`` has judged them
+    (:meth:`take`): what was released is always the start of a valid JSON text, and the
+    few bytes after it (a character, an escape or a literal cut by the end of a read) wait
+    for the next piece. Only a valid line gets its end. One that turns out not to be valid
+    JSON-RPC, or goes over the line limit, is cut (:meth:`cut`): what was released is
+    ended as one valid message its receiver ignores (``LineValidator.cut_ending``), and the
+    sender gets the error it would have had for the whole line.
     """
 
     validator: LineValidator
     outbox: Outbox
     hop: int
     writing: bool = True  # False once the receiver is gone: judge the rest, write nothing
+    held: bytes = b""  # taken but not judged yet: not released
+    released: int = 0
+    ending: bytes | None = None  # ends what was released, should the line be cut
+
+    async def take(self, data: bytes) -> None:
+        """Bytes the validator has taken without fault: release those it has judged."""
+        judged = self.validator.judged
+        count = judged - self.released
+        if self.held:
+            data = self.held + data
+        piece = data if count == len(data) else data[:count]
+        self.held = b"" if count == len(data) else data[count:]
+        self.released = judged
+        if piece:
+            # Computed now, while the validator's state is that of the released bytes.
+            self.ending = self.validator.cut_ending()
+            await self.write(piece)
 
     async def write(self, data: bytes) -> None:
         if self.writing:
@@ -264,10 +284,26 @@ class LongLine:
                 self.stop_writing()
 
     async def end(self, data: bytes) -> None:
+        """The line is valid and recorded: its last bytes (with those held) and newline."""
         if self.writing:
             with contextlib.suppress(*WRITE_FAILED):
-                await self.outbox.end_line(data)
+                await self.outbox.end_line(self.held + data)
             self.writing = False
+
+    async def cut(self) -> None:
+        """End the line short as a message the receiver ignores (nothing if nothing went)."""
+        if not self.writing:
+            return
+        if not self.released:
+            self.stop_writing()
+            return
+        ending = self.ending
+        if ending is None:  # not expected: a line is passed only once it names its kind
+            log.error("a long line was cut where it cannot be ended as JSON")
+            ending = b""
+        with contextlib.suppress(*WRITE_FAILED):
+            await self.outbox.end_line(ending)
+        self.writing = False
 
     def stop_writing(self) -> None:
         """Give the outbox back, once: it may be another line's by the time a pump ends."""
@@ -293,7 +329,7 @@ class LongLineRoute:
         """Cut the line in progress short (it went over the limit); the line, if any."""
         line, self.current = self.current, None
         if line is not None:
-            await line.end(b"")
+            await line.cut()
         return line
 
     def release(self) -> None:
@@ -435,11 +471,7 @@ class LentContext:
 
 def _request_id(line: LongLine) -> jsonrpc.RequestId:
     """The id to answer a cut line with: its own if it is a request that named one."""
-    members = line.validator.envelope.members
-    request_id = members.get("id")
-    if "method" in members and jsonrpc.is_request_id(request_id):
-        return request_id
-    return None
+    return line.validator.envelope.request_id()
 
 
 def exit_status(returncode: int) -> int:
@@ -823,14 +855,14 @@ class Bridge:
                 await started.outbox.begin_line()
             except WRITE_FAILED:
                 started.writing = False
-            await started.write(item.data)
+            await started.take(item.data)
             return
         line = route.current
         assert line is not None
         try:
             line.validator.feed(item.data)
             if isinstance(item, LongLinePart):
-                await line.write(item.data)
+                await line.take(item.data)
                 return
             if not route.record(line, line.validator.finish()):
                 raise FrameError(
@@ -840,7 +872,7 @@ class Bridge:
                 )
         except FrameError as exc:
             route.current = None
-            await line.end(b"")
+            await line.cut()
             if isinstance(item, LongLinePart):
                 splitter.discard_rest()
             route.cut(line, exc)
@@ -929,16 +961,29 @@ class Bridge:
         except FrameError as exc:
             if self.tracer.enabled:
                 self.tracer.record("client->bridge", raw, None)
-            self._sink(
-                CLIENT,
-                jsonrpc.encode(jsonrpc.error_response(exc.request_id, exc.code, exc.message)),
-            )
+            self._unparsed_from_client(raw, exc, tried_whole=envelope is not None)
             return
         if self._tracing:
             self.tracer.record("client->bridge", raw, frame.message)
         events = self.router.receive_from_client(frame)
         if events:
             self.handle(events)
+
+    def _unparsed_from_client(self, raw: bytes, error: FrameError, *, tried_whole: bool) -> None:
+        """A client line json's decoder did not read. Judged again without building it:
+        valid JSON nested too deeply to build goes on if the router passes it unchanged
+        (whatever its length, as a long line does); everything else is answered, with the
+        request's id whenever the line named one before its fault or limit."""
+        envelope, fault = json_stream.judge(raw)
+        if fault is not None:
+            error = fault
+        elif isinstance(error, jsonrpc.NestedTooDeeply):
+            hop = None if tried_whole else self.router.pass_whole_from_client(envelope)
+            if hop is not None:
+                self._sink(hop, raw)
+                return
+            error = FrameError(error.code, error.message, envelope.request_id())
+        self._answer_client_error(error.request_id, error.code, error.message)
 
     # ------------------------------------------------------------- agent side
 
@@ -1010,7 +1055,7 @@ class Bridge:
                     self._from_agent(link, item.data)
                 elif isinstance(item, OverlongLine):
                     if (cut := await route.abandon()) is not None:
-                        self.router.stream_cut_from_agent(link.hop, cut.validator.envelope)
+                        self.router.agent_line_refused(link.hop, cut.validator.envelope)
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
@@ -1035,7 +1080,7 @@ class Bridge:
 
     def _cut_agent_line(self, link: AgentConnection, line: LongLine, error: FrameError) -> None:
         log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, error.message)
-        self.router.stream_cut_from_agent(link.hop, line.validator.envelope)
+        self.router.agent_line_refused(link.hop, line.validator.envelope)
 
     def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
         events = self.router.receive_from_agent(link.hop, frame)
@@ -1052,14 +1097,34 @@ class Bridge:
         try:
             frame = jsonrpc.parse(raw)
         except FrameError as exc:
-            preview = raw[:200].decode(errors="replace")
-            log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, exc, preview)
+            self._unparsed_from_agent(link, raw, exc, tried_whole=envelope is not None)
             return
         if self._tracing:
             self.tracer.record(f"{link.name}->bridge", raw, frame.message)
         events = self.router.receive_from_agent(link.hop, frame)
         if events:
             self.handle(events)
+
+    def _unparsed_from_agent(
+        self, link: AgentConnection, raw: bytes, error: FrameError, *, tried_whole: bool
+    ) -> None:
+        """An agent line json's decoder did not read: the same rule as for the client's
+        (:meth:`_unparsed_from_client`), but what does not go on is dropped with a log
+        line, and the client is told if it was the answer to its request."""
+        envelope, fault = json_stream.judge(raw)
+        if fault is None and isinstance(error, jsonrpc.NestedTooDeeply):
+            if not tried_whole and self.router.pass_whole_from_agent(link.hop, envelope):
+                if self._tracing:
+                    self.tracer.record(f"{link.name}->bridge", raw, None)
+                self._sink(CLIENT, raw)
+                return
+            log.warning("%s: dropped a line: %s", link.name, error.message)
+            self.router.agent_line_refused(link.hop, envelope, error.message)
+            return
+        preview = raw[:200].decode(errors="replace")
+        reason = (fault or error).message
+        log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, reason, preview)
+        self.router.agent_line_refused(link.hop, envelope)
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):

@@ -94,8 +94,9 @@ class MemoryAgent:
                     self.received_raw.append(line)
                     try:
                         message = json.loads(line)
-                    except ValueError:
-                        # As the ACP SDKs do: a line that does not parse is logged and dropped.
+                    except (ValueError, RecursionError):
+                        # As the ACP SDKs do: a line that does not parse is logged and dropped
+                        # (here also one Python's json cannot build: too deep, a huge integer).
                         self.unparsed.append(line)
                         continue
                     self.received.append(message)

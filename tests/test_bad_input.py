@@ -23,8 +23,8 @@ def agent_received(bridge: RunningBridge) -> bytes:
 
 @pytest.mark.parametrize(
     "line",
-    [b"{", b"not json at all", b'{"jsonrpc":"2.0","id":1,"method":"x"', b"\xff\xfe", b"[" * 50_000],
-    ids=["truncated", "words", "unterminated", "bad-utf8", "deep-nesting"],
+    [b"{", b"not json at all", b"\xff\xfe", b"[" * 50_000, b'{"jsonrpc":"2.0","method":"x"'],
+    ids=["truncated", "words", "bad-utf8", "deep-nesting", "unterminated-no-id"],
 )
 async def test_malformed_json_gets_parse_error_with_null_id(
     open_bridge: OpenBridge, line: bytes
@@ -37,6 +37,21 @@ async def test_malformed_json_gets_parse_error_with_null_id(
             assert error["error"]["code"] == -32700
             await still_serving(bridge)
             assert line not in agent_received(bridge).splitlines()
+
+
+async def test_malformed_json_that_named_its_id_first_is_answered_with_it(
+    open_bridge: OpenBridge,
+) -> None:
+    with trio.fail_after(30):
+        async with open_bridge() as bridge:
+            for line, request_id in (
+                (b'{"jsonrpc":"2.0","id":1,"method":"x"', 1),
+                (b'{"jsonrpc":"2.0","id":"u8","method":"x","params":{"t":"\xff"}}', "u8"),
+            ):
+                await bridge.send_line(line)
+                error = await bridge.receive()
+                assert (error["id"], error["error"]["code"]) == (request_id, -32700)
+            await still_serving(bridge)
 
 
 @pytest.mark.parametrize("line", [b"42", b'"a string"', b"[]", b"null", b"true"])

@@ -81,12 +81,12 @@ ODD_IDS: Final[list[Any]] = [
 
 
 def strict_loads(raw: bytes) -> Any:
-    """JSON as a strict peer reads it: UTF-8, no NaN/Infinity."""
+    """JSON as a strict peer reads it: UTF-8, no NaN/Infinity (integers of any length)."""
 
     def refuse(name: str) -> Any:
         raise ValueError(name)
 
-    return json.loads(raw.decode("utf-8"), parse_constant=refuse)
+    return json.loads(raw.decode("utf-8"), parse_constant=refuse, parse_int=jsonrpc._parse_int)
 
 
 def same_json(a: Any, b: Any) -> bool:

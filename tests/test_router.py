@@ -293,3 +293,15 @@ def test_everything_the_agent_sends_after_its_initialize_answer_waits_for_the_br
     assert wire.take(CLIENT) == []
     wire.router.answer(start.token, jsonrpc.encode(result(0, {"protocolVersion": 1})))
     assert [m.get("id", m.get("method")) for m in wire.take(CLIENT)] == [0, "x/early"]
+
+
+def test_an_agent_answering_a_request_twice_reaches_the_client_once(caplog: Any) -> None:
+    wire = Wire()
+    wire.client(request(1, "x/y"))
+    wire.agent(0, result(1, {"first": True}))
+    wire.agent(0, result(1, {"second": True}))
+    wire.agent(0, [result(1, {"third": True}), notification("x/n")])
+    wire.agent(0, result("never-asked"))
+    assert wire.take(CLIENT) == [result(1, {"first": True}), [notification("x/n")]]
+    dropped = [r.getMessage() for r in caplog.records if "no request" in r.getMessage()]
+    assert len(dropped) == 3

@@ -58,6 +58,11 @@ INITIALIZE: Final = "initialize"
 SESSION_PROMPT: Final = "session/prompt"
 
 
+AGENT_ANSWER_REFUSED: Final = (
+    "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Intercept:
     """Start handling an intercepted client request; answer it with :meth:`Router.answer`."""
@@ -457,23 +462,29 @@ class Router:
             and self.stream_ended_from_agent(hop, envelope)
         )
 
-    def stream_cut_from_agent(self, hop: int, envelope: Envelope) -> None:
-        """An agent line passed on as it came was cut (not valid JSON-RPC after all). If it
-        was the answer to a client request, the client is told, so that it does not wait."""
+    def agent_line_refused(
+        self,
+        hop: int,
+        envelope: Envelope,
+        message: str = AGENT_ANSWER_REFUSED,
+    ) -> None:
+        """An agent line was not passed on (not valid JSON-RPC, or beyond what the bridge
+        reads), or was cut after its start went on. If it was the answer to a client
+        request (as far as it was read), the client gets ``message`` as the error, so that
+        it does not wait for ever."""
         members = envelope.members
-        if envelope.open_member not in ("result", "error") or "method" in members:
+        if "method" in members or ("result" not in members and "error" not in members):
             return
         wire_id = members.get("id")
-        if not is_request_id(wire_id) or self.hops[hop].pending.get(wire_id) != FromClient(wire_id):
+        if not is_request_id(wire_id):
             return
+        origin = self.hops[hop].pending.get(wire_id)
+        if not isinstance(origin, FromClient):
+            return  # none, or a waiter's (it hears when the process goes)
         self.hops[hop].pending.resolve(wire_id)
-        if self._client_inflight.get(wire_id) == (hop, wire_id):
-            del self._client_inflight[wire_id]
-        self._answer_error(
-            wire_id,
-            jsonrpc.INTERNAL_ERROR,
-            "The agent's answer was not valid JSON-RPC; the bridge cut it short.",
-        )
+        if self._client_inflight.get(origin.client_id) == (hop, wire_id):
+            del self._client_inflight[origin.client_id]
+        self._answer_error(origin.client_id, jsonrpc.INTERNAL_ERROR, message)
 
     def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
         """Whether an agent line still arriving may be passed on to the client as it comes."""
@@ -494,8 +505,9 @@ class Router:
                 and request_id not in self._client_facing
             )
         if open_member in ("result", "error") and "id" in members and "method" not in members:
-            origin = self.hops[hop].pending.get(request_id)
-            return origin is None or origin == FromClient(request_id)
+            # Only the answer to a client request still pending (one that is not is dropped
+            # whole, so it must be gathered whole).
+            return self.hops[hop].pending.get(request_id) == FromClient(request_id)
         return False
 
     def stream_ended_from_agent(self, hop: int, envelope: Envelope) -> bool:
@@ -688,8 +700,14 @@ class Router:
         wire_id = message["id"]
         origin = self.hops[hop].pending.resolve(wire_id)
         if origin is None:
-            log.debug("agent hop %d answered unknown id %r; passed through", hop, wire_id)
-            return message, False
+            # A second answer to one request, or an answer to none: the client would get
+            # an answer it cannot match, or a second one for a request already settled.
+            log.warning(
+                "agent hop %d answered id %r, for which no request is pending; dropped",
+                hop,
+                wire_id,
+            )
+            return None
         if isinstance(origin, ForWaiter):
             events.append(Answered(origin.waiter, frame or classify_message(message)))
             for token, interception in self._interceptions.items():
