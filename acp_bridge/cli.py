@@ -7,11 +7,9 @@ fd 1 is pointed at stderr, so a stray print from any library cannot corrupt the 
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -130,6 +128,9 @@ def refuse_mistyped_command(ctx: click.Context, args: Sequence[str], known: set[
     word = args[0]
     if word.startswith("-"):
         return
+    import difflib  # here: an editor's `acp-bridge -- AGENT` never needs it
+    import shutil
+
     close = difflib.get_close_matches(word, sorted(known), n=1)
     if not close:
         return

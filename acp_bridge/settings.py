@@ -13,7 +13,6 @@ file and the key path (``config.yaml: agents.claude.argz: unknown key``).
 
 from __future__ import annotations
 
-import difflib
 import re
 import types
 import typing
@@ -450,6 +449,8 @@ def _describe(error: Mapping[str, Any], origins: Mapping[KeyPath, str]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         message = "unknown key"
+        import difflib  # only for a configuration error
+
         close = difflib.get_close_matches(str(path[-1]), _keys_at(path[:-1]), n=1)
         if close:
             message += f" (did you mean {close[0]}?)"
