@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import process_report
 import pytest
 import trio
 import yaml
@@ -25,6 +26,19 @@ import yaml
 from acp_bridge.framing import Line, LineSplitter
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        process_report.OPTION,
+        action="store_true",
+        help="say which tests started an OS process, their share of the time, and the run's CPU",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption(process_report.OPTION):
+        config.pluginmanager.register(process_report.ProcessReport(), "process-report")
 
 
 def pid_alive(pid: int) -> bool:
