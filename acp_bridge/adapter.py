@@ -190,6 +190,16 @@ class LifecycleCall(Protocol):
         """Record which prompt is now part of the conversation (first-turn delivery)."""
 
 
+def put_prompt_back(call: LifecycleCall) -> None:
+    """The native route: give the agent the ``systemPrompt`` field the bridge took out of
+    ``call.params`` — the client's value as sent (unknown keys included), or the prompt
+    the ``on_omitted`` policy filled in (or an older client sent in ``_meta``)."""
+    if call.client_sent_prompt and "systemPrompt" in call.original_params:
+        call.params["systemPrompt"] = call.original_params["systemPrompt"]
+    elif call.prompt is not None:
+        call.params["systemPrompt"] = call.prompt.to_wire()
+
+
 class AdapterContext(Protocol):
     """What the relay lends an adapter."""
 
@@ -281,6 +291,13 @@ class Adapter:
         The adapter logs these when they happen. ``verify`` shows a row that hits one as
         LIMIT only when the model received what the limits say, and as FAIL otherwise.
         """
+        return []
+
+    @classmethod
+    def fork_limits(cls, parent: SystemPrompt | None, prompt: SystemPrompt | None) -> Sequence[str]:
+        """What of ``prompt`` cannot reach the model when a session that ran with
+        ``parent`` is forked with it (an agent whose fork copies the parent's instructions
+        with its history): :class:`ReopenLimit` sentences, as for :meth:`reopen_limits`."""
         return []
 
     def redact(self, direction: str, message: JsonObject) -> JsonObject:

@@ -477,8 +477,8 @@ def main() -> None:
     """A transparent ACP proxy that gives any agent the systemPrompt session capability.
 
     Without a COMMAND, runs the bridge on stdio in front of AGENT_CMD, or of a named
-    preset with --agent NAME (claude, claude-legacy, goose, codex, gemini, qwen, opencode,
-    copilot, or your own).
+    preset with --agent NAME (claude, claude-legacy, goose, codex, codex-legacy, gemini,
+    qwen, opencode, copilot, or your own).
     """
 
 

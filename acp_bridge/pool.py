@@ -162,8 +162,14 @@ class PoolAdapter(Adapter):
     options_model: ClassVar[type[PoolOptions]] = PoolOptions
     close_settle_timeout: ClassVar[float] = 0.0
     """Seconds after a ``session/close`` during which a failed reopen of that session is
-    retried (``-32603`` only): for agents that answer the close before releasing it."""
+    retried (errors :meth:`still_releasing` accepts; ``-32603`` by default): for agents that
+    answer the close before releasing it."""
     close_retry_interval: ClassVar[float] = 0.1
+    released_on_exit: ClassVar[bool] = False
+    """The agent lets go of a closed session only when its process exits (codex-acp 2.x
+    keeps the session's writer): a reopen in another process that the agent refuses as
+    still held (:meth:`still_releasing`) stops the pool process the session was closed
+    in, when that one holds no other session, and is tried again."""
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -182,6 +188,8 @@ class PoolAdapter(Adapter):
         """Live session -> the process holding it."""
         self._closed_at: dict[str, float] = {}
         """Session -> when it was last closed (trio clock), for reopen retries."""
+        self._closed_in: dict[str, PooledProcess] = {}
+        """Session -> the running process it was last closed in (``released_on_exit``)."""
         self._starting: dict[str, trio.Lock] = {}
         self._changed = trio.Event()
         self._reaper_running = False
@@ -203,6 +211,13 @@ class PoolAdapter(Adapter):
         Raise :class:`PromptRefused` for a prompt this agent cannot take.
         """
         raise NotImplementedError
+
+    def process_prompt(self, prompt: SystemPrompt | None) -> SystemPrompt | None:
+        """The prompt a process must be started with to serve a session that runs with
+        ``prompt``; ``None``: the primary serves it. An agent that takes part of the
+        capability natively (codex-acp 2.x: append) keeps those sessions in the primary and
+        gets the prompt in the request; the pool starts processes only for the rest."""
+        return prompt
 
     def private_root(self) -> Path | None:
         """Where the private directories are made; None: the system's temporary folder."""
@@ -262,6 +277,7 @@ class PoolAdapter(Adapter):
 
     async def _process_for(self, prompt: SystemPrompt | None) -> PooledProcess:
         """The process serving ``prompt``, started if needed; marked busy for the caller."""
+        prompt = self.process_prompt(prompt)
         key = prompt_key(prompt)
         if key is None or prompt is None:
             pooled = self._primary()
@@ -472,6 +488,8 @@ class PoolAdapter(Adapter):
             for problem in self.reopen_limits(call.previous, call.prompt):
                 self.log.warning("%s of session %s: %s", call.method, session_id, problem)
             reply = await call.forward(pooled.link)
+            if session_id is not None and await self._stop_holder(session_id, pooled, reply):
+                reply = await call.forward(pooled.link)
             while self._settling(session_id, reply):
                 self.log.debug(
                     "%s of %s refused right after a close; retrying", call.method, session_id
@@ -491,9 +509,31 @@ class PoolAdapter(Adapter):
         return (
             closed_at is not None
             and reply.error is not None
-            and reply.error.get("code") == INTERNAL_ERROR
+            and self.still_releasing(reply.error)
             and trio.current_time() - closed_at < self.close_settle_timeout
         )
+
+    def still_releasing(self, error: JsonObject) -> bool:
+        """Whether a reopen's error may mean the agent is still releasing a session it
+        was told to close (retried for ``close_settle_timeout``): by default ``-32603``."""
+        return error.get("code") == INTERNAL_ERROR
+
+    async def _stop_holder(self, session_id: str, target: PooledProcess, reply: Reply) -> bool:
+        """For a ``released_on_exit`` agent that refused to reopen a closed session as
+        still held: stop the pool process it was closed in, if nothing else lives there."""
+        holder = self._closed_in.pop(session_id, None)
+        if (
+            not self.released_on_exit
+            or reply.error is None
+            or not self.still_releasing(reply.error)
+            or holder is None
+            or holder is target
+            or not holder.reapable
+            or self.pool.get(holder.key) is not holder
+        ):
+            return False
+        await self._stop(holder, f"it still holds session {session_id}, reopened elsewhere")
+        return True
 
     async def _close_elsewhere(self, session_id: str, target: PooledProcess) -> None:
         """A session is live in one process at a time: close it where it was."""
@@ -505,7 +545,7 @@ class PoolAdapter(Adapter):
             return
         try:
             await current.link.request("session/close", {"sessionId": session_id})
-            self._note_closed(session_id)
+            self._note_closed(session_id, current)
         except AgentError as exc:
             # An agent without session/close keeps a stale copy there; nothing routes to it.
             missing = exc.error.get("code") == METHOD_NOT_FOUND
@@ -522,13 +562,15 @@ class PoolAdapter(Adapter):
         """session/close, session/delete: the routed process answers; forget the session."""
         reply = await call.forward()
         if reply.ok and call.session_id is not None:
+            holder = self.home.get(call.session_id)
             self._drop(call.session_id)
             if call.method == "session/close":
-                self._note_closed(call.session_id)
+                self._note_closed(call.session_id, holder)
         return reply
 
-    def _note_closed(self, session_id: str) -> None:
-        """Remember a close for :meth:`_settling`, forgetting those past the settle window."""
+    def _note_closed(self, session_id: str, holder: PooledProcess | None) -> None:
+        """Remember a close for :meth:`_settling`, forgetting those past the settle window,
+        and (``released_on_exit``) the process it was closed in, while that one runs."""
         now = trio.current_time()
         self._closed_at = {
             closed: at
@@ -536,6 +578,14 @@ class PoolAdapter(Adapter):
             if now - at < self.close_settle_timeout
         }
         self._closed_at[session_id] = now
+        if self.released_on_exit:
+            self._closed_in = {
+                closed: pooled
+                for closed, pooled in self._closed_in.items()
+                if self.pool.get(pooled.key) is pooled
+            }
+            if holder is not None:
+                self._closed_in[session_id] = holder
 
     session_close = _end
     session_delete = _end

@@ -448,18 +448,23 @@ class VerifyRun:
                 click.echo(f"    {line}", file=CONSOLE.stream, err=True)
 
     def limits(
-        self, agent: Agent, previous: JsonObject | None, wanted: JsonObject | None
+        self,
+        agent: Agent,
+        previous: JsonObject | None,
+        wanted: JsonObject | None,
+        *,
+        fork: bool = False,
     ) -> list[ReopenLimit]:
-        """The adapter's documented limits for reopening a session with another prompt."""
+        """The adapter's documented limits for reopening (or forking) a session with
+        another prompt."""
         try:
             adapter = self.plan.registry.get(agent.adapter)
         except AdapterNotFound:
             return []
         before = SystemPrompt.from_wire(previous) if previous else None
         after = SystemPrompt.from_wire(wanted) if wanted else None
-        return [
-            ReopenLimit.of(limit, before, after) for limit in adapter.reopen_limits(before, after)
-        ]
+        documented = adapter.fork_limits if fork else adapter.reopen_limits
+        return [ReopenLimit.of(limit, before, after) for limit in documented(before, after)]
 
     def broken_methods(self, agent: Agent, initialized: JsonObject) -> dict[str, str]:
         """Methods the adapter says fail upstream in this agent version (shown as SKIP)."""
@@ -673,7 +678,18 @@ class VerifyRun:
             return Session(self, client, result["sessionId"])
 
         expect = Expect(present=(marker,), absent=(parent,), default=_default_for(mode))
-        await self.step(step, mode, expect, self._names(marker=marker, parent=parent), action)
+        await self.step(
+            step,
+            mode,
+            expect,
+            self._names(first=self.marker(mode, "new"), marker=marker, parent=parent),
+            action,
+            limits=self.limits(
+                agent, system_prompt(mode, parent), system_prompt(mode, marker), fork=True
+            ),
+            wanted=system_prompt(mode, marker),
+            created=system_prompt(mode, self.marker(mode, "new")),
+        )
 
     async def _reopen_default(
         self, client: AcpClient, agent: Agent, mode: str, session_id: str

@@ -1,6 +1,18 @@
-"""``codex``: one codex-acp process per distinct system prompt, presented as one agent.
+"""``codex``: codex-acp, with one process per distinct system prompt where it needs one.
 
-codex-acp reads instructions only from its process configuration, loaded once at start:
+Two generations share the adapter. ``@agentclientprotocol/codex-acp`` 2.3 and later (the
+registry's codex-acp, on codex's app-server) take ``systemPrompt`` natively in append mode
+only. The native capability is used for what it covers: an append prompt (and any ``_``
+mode it advertises) passes through in the request, and those sessions live in the
+primary process. The bridge adds only what it lacks: an override prompt gets a process of
+its own whose ``CODEX_CONFIG`` (the JSON configuration 2.x reads from its environment; it
+ignores command-line arguments) is the user's plus ``model_instructions_file`` naming a
+private file; codex then puts that file where its default instructions would be, the
+first developer item (codex 0.166 sends no ``instructions`` field). 2.0 to 2.2, without
+the native capability, are not recognised (the first-turn route serves them).
+
+``codex-acp`` 0.16 (``@zed-industries/codex-acp``, the ``codex-legacy`` preset) reads
+instructions only from its process configuration, loaded once at start:
 ``developer_instructions`` adds a developer message (append) and
 ``-c model_instructions_file=<file>`` replaces the base instructions (override).
 
@@ -17,11 +29,13 @@ sessions without a prompt and every connection-wide method. codex keeps sessions
 under ``CODEX_HOME``, shared by every process, so ``session/list`` is answered once, by the
 primary, and any process can load any session.
 
-What a reopened session (``session/load`` / ``session/resume``) gets, measured on 0.16.0:
-the developer message is part of the stored conversation and cannot change after
-``session/new``; the base instructions are stored too, but a process started with an
-override replaces them. :func:`reopen_effect` spells this out; changes that cannot apply
-are logged on stderr.
+What a reopened session (``session/load`` / ``session/resume``) gets, measured on 0.16.0
+and again on 2.6.0: the developer message is part of the stored conversation and cannot
+change after ``session/new`` (2.6.0 takes a changed append on a reopen without an error
+and does not apply it, live or after a restart); the base instructions are stored too,
+but a process started with an override replaces them. A fork on 2.6.0 copies its parent's
+developer message the same way. :func:`reopen_effect` spells this out; changes that
+cannot apply are logged on stderr.
 
 Pool options (``idle_timeout``, ``max_processes``) come from
 ``bridge.adapter_options.codex``. codex-acp answers ``session/close`` before it has released
@@ -36,16 +50,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from acp_bridge.adapter import ReopenLimit
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.adapter import Delivery, LifecycleCall, ReopenLimit, Reply, put_prompt_back
+from acp_bridge.capabilities import agent_name, native_delivery
+from acp_bridge.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonObject
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, prompt_key
 from acp_bridge.system_prompt import SystemPrompt
 
 AGENT_NAME: Final = "codex-acp"
+# The TypeScript codex-acp on codex's app-server (2.x): configuration from the environment.
+APP_SERVER_AGENT_NAME: Final = "@agentclientprotocol/codex-acp"
+CONFIG_VARIABLE: Final = "CODEX_CONFIG"
 # codex-acp answers session/close before it has released the session's rollout writer, so
-# a load/resume right after fails with -32603 (its stderr: "already has a live local
-# writer"). Such a reopen is retried until the close is this old.
+# a load/resume right after fails: 0.16 with -32603 (its stderr: "already has a live local
+# writer"), 2.6 with -32600 and data.reason "thread_active_writer". Such a reopen is
+# retried until the close is this old.
 CLOSE_SETTLE_TIMEOUT: Final = 3.0
+ACTIVE_WRITER: Final = "thread_active_writer"
 CLOSE_RETRY_INTERVAL: Final = 0.1
 # Linux refuses a single argv string longer than MAX_ARG_STRLEN (32 pages, NUL included).
 MAX_ARG_BYTES: Final = 32 * 4096 - 1
@@ -109,19 +129,87 @@ def reopen_effect(
     return problems
 
 
+def is_app_server(initialize_result: JsonObject | None) -> bool:
+    """Whether the agent is the 2.x codex-acp, configured through its environment."""
+    return initialize_result is not None and agent_name(initialize_result) == APP_SERVER_AGENT_NAME
+
+
 class CodexAdapter(PoolAdapter):
     name = "codex"
-    description = "codex-acp: one process per distinct prompt, sessions routed by id"
+    description = "codex-acp: native append where it has it, one process per other prompt"
     agent_label = "codex-acp"
     reported_name = AGENT_NAME
     close_settle_timeout = CLOSE_SETTLE_TIMEOUT
     close_retry_interval = CLOSE_RETRY_INTERVAL
+    # 2.6 keeps a closed session's writer until the process exits (measured: still refused
+    # 40 s after the close); 0.16 lets go within CLOSE_SETTLE_TIMEOUT.
+    released_on_exit = True
+
+    @classmethod
+    def detect(cls, initialize_result: JsonObject) -> bool:
+        if is_app_server(initialize_result):
+            return native_delivery(initialize_result) is not None
+        return super().detect(initialize_result)
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        if not is_app_server(initialize_result):
+            return Delivery(append=True, override=True)
+        native = native_delivery(initialize_result)
+        if native is None:
+            # 2.0-2.2: no native append, and no per-process append route proven.
+            return None
+        return Delivery(append=True, override=True, custom_modes=native.custom_modes)
+
+    def _native(self) -> Delivery | None:
+        """What the agent takes itself (2.x: append), from the primary's initialize."""
+        result = self.context.primary.initialize_result
+        return native_delivery(result) if result is not None and is_app_server(result) else None
+
+    def process_prompt(self, prompt: SystemPrompt | None) -> SystemPrompt | None:
+        native = self._native()
+        if prompt is not None and native is not None and native.accepts(prompt.mode):
+            return None  # the primary takes it in the request
+        return prompt
+
+    def _pass_natively(self, call: LifecycleCall) -> None:
+        if call.prompt is not None and self.process_prompt(call.prompt) is None:
+            put_prompt_back(call)
+
+    async def session_new(self, call: LifecycleCall) -> Reply:
+        self._pass_natively(call)
+        return await super().session_new(call)
+
+    async def session_fork(self, call: LifecycleCall) -> Reply:
+        self._pass_natively(call)
+        return await super().session_fork(call)
+
+    async def session_load(self, call: LifecycleCall) -> Reply:
+        self._pass_natively(call)
+        return await super().session_load(call)
+
+    async def session_resume(self, call: LifecycleCall) -> Reply:
+        self._pass_natively(call)
+        return await super().session_resume(call)
+
+    def still_releasing(self, error: JsonObject) -> bool:
+        data = error.get("data")
+        reason = data.get("reason") if isinstance(data, dict) else None
+        return super().still_releasing(error) or (
+            error.get("code") == INVALID_REQUEST and reason == ACTIVE_WRITER
+        )
 
     @classmethod
     def reopen_limits(
         cls, previous: SystemPrompt | None, prompt: SystemPrompt | None
     ) -> list[ReopenLimit]:
         return reopen_effect(previous, prompt)
+
+    @classmethod
+    def fork_limits(
+        cls, parent: SystemPrompt | None, prompt: SystemPrompt | None
+    ) -> list[ReopenLimit]:
+        # A fork starts from its parent's stored conversation, developer message included.
+        return reopen_effect(parent, prompt)
 
     def private_root(self) -> Path | None:
         # Inside the user's CODEX_HOME: codex refuses to put its helper binaries under the
@@ -138,6 +226,8 @@ class CodexAdapter(PoolAdapter):
         return home if home.is_dir() else None
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        if is_app_server(self.context.primary.initialize_result):
+            return self._app_server_config(prompt, private)
         if prompt.mode == "append":
             home = self._user_home()
             if home is not None and private.path.parent == home:
@@ -147,15 +237,45 @@ class CodexAdapter(PoolAdapter):
             value = "developer_instructions=" + toml_string(prompt.text)
             check_arg(value)
             return ProcessConfig(args=["-c", value])
-        if not prompt.text.strip():
-            # codex trims the file and refuses to start on an empty one.
-            raise PromptRefused(
-                "codex-acp cannot take an override system prompt that is only whitespace.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            )
+        check_override_text(prompt)
         path = private.write(INSTRUCTIONS_FILE, prompt.text)
         return ProcessConfig(args=["-c", "model_instructions_file=" + toml_string(str(path))])
+
+    def _app_server_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        """2.x: an override process; the user's CODEX_CONFIG plus the instructions file."""
+        # Only override comes here: append (and any mode the agent advertises) is native.
+        check_override_text(prompt)
+        environment = self.agent_environment() or {}
+        config = user_codex_config(environment.get(CONFIG_VARIABLE))
+        path = private.write(INSTRUCTIONS_FILE, prompt.text)
+        config["model_instructions_file"] = str(path)
+        return ProcessConfig(env={CONFIG_VARIABLE: json.dumps(config, ensure_ascii=False)})
+
+
+def check_override_text(prompt: SystemPrompt) -> None:
+    if not prompt.text.strip():
+        # codex trims the file and refuses to start on an empty one.
+        raise PromptRefused(
+            "codex-acp cannot take an override system prompt that is only whitespace.",
+            {"field": "systemPrompt.content"},
+            INVALID_PARAMS,
+        )
+
+
+def user_codex_config(value: str | None) -> dict[str, object]:
+    """The user's own ``CODEX_CONFIG`` (a JSON object), which an override process keeps."""
+    if not value:
+        return {}
+    try:
+        config = json.loads(value)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise PromptRefused(
+            f"The agent's {CONFIG_VARIABLE} is not a JSON object, so the bridge cannot add "
+            "the override system prompt to it."
+        )
+    return config
 
 
 def codex_home(environment: Mapping[str, str]) -> Path:

@@ -11,7 +11,7 @@ The bridge still validates (it must not advertise more than the agent does, and
 
 from __future__ import annotations
 
-from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
+from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply, put_prompt_back
 from acp_bridge.capabilities import native_delivery
 from acp_bridge.jsonrpc import JsonObject
 
@@ -30,12 +30,7 @@ class NativeAdapter(Adapter):
         return native_delivery(initialize_result)
 
     async def _pass_prompt(self, call: LifecycleCall) -> Reply:
-        if call.client_sent_prompt and "systemPrompt" in call.original_params:
-            # The client's value as sent, unknown keys included.
-            call.params["systemPrompt"] = call.original_params["systemPrompt"]
-        elif call.prompt is not None:
-            # Filled by the on_omitted policy, or sent in _meta by an older client.
-            call.params["systemPrompt"] = call.prompt.to_wire()
+        put_prompt_back(call)
         return await call.forward()
 
     session_new = _pass_prompt

@@ -49,7 +49,11 @@ CLAUDE_NATIVE = ("@agentclientprotocol/claude-agent-acp", "0.101.0")
 CLAUDE_VERSIONS = (CLAUDE_LEGACY, CLAUDE_PRE_NATIVE, CLAUDE_NATIVE)
 
 GOOSE_VERSION = "1.52.0"
+# @zed-industries/codex-acp: the Rust codex-acp, last release (the codex-legacy preset).
 CODEX_ACP_VERSION = "0.16.0"
+# The registry's codex-acp now: TypeScript on codex's app-server (bundles @openai/codex
+# 0.166.0); takes systemPrompt natively in append mode, configured through its environment.
+CODEX_ACP_APP_SERVER = ("@agentclientprotocol/codex-acp", "2.6.0")
 OPENCODE_VERSION = "1.18.33"
 COPILOT_VERSION = "1.0.102"
 GEMINI_CLI = ("@google/gemini-cli", "0.61.0")
@@ -178,6 +182,17 @@ def codex_acp_binary(version: str = CODEX_ACP_VERSION) -> Path:
     return package_dir(package, version) / "bin" / "codex-acp"
 
 
+def codex_acp_command() -> list[str]:
+    """The 2.x codex-acp (``@agentclientprotocol/codex-acp``) run by node directly; it
+    starts the bundled codex app-server itself."""
+    package, version = CODEX_ACP_APP_SERVER
+    install(package, version)
+    entry = package_dir(package, version) / "dist" / "index.js"
+    if not entry.is_file():
+        raise RuntimeError(f"{entry} is missing")
+    return [shutil.which("node") or "node", str(entry)]
+
+
 def opencode_binary(version: str = OPENCODE_VERSION) -> Path:
     """The opencode binary (run it as ``opencode acp``).
 
@@ -285,6 +300,7 @@ def agent_commands() -> dict[str, list[str]]:
     }
     commands[f"goose@{GOOSE_VERSION}"] = [str(goose_binary()), "acp"]
     commands[f"codex-acp@{CODEX_ACP_VERSION}"] = [str(codex_acp_binary())]
+    commands[f"codex-acp@{CODEX_ACP_APP_SERVER[1]}"] = codex_acp_command()
     commands[f"opencode@{OPENCODE_VERSION}"] = [str(opencode_binary()), "acp"]
     commands[f"copilot@{COPILOT_VERSION}"] = [str(copilot_binary()), "--acp"]
     commands[f"cline@{CLINE_VERSION}"] = [str(cline_binary()), "--acp"]

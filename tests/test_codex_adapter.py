@@ -28,6 +28,7 @@ from acp_bridge.adapters.codex import (  # type: ignore[import-not-found,unused-
     CodexAdapter,
     reopen_effect,
     toml_string,
+    user_codex_config,
 )
 from conftest import pid_alive
 
@@ -36,6 +37,7 @@ from acp_bridge.client import AcpClient, ClientRequestError
 from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.jsonrpc import Kind
 from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.pool import PromptRefused
 from acp_bridge.relay import Bridge, BridgeOptions
 from acp_bridge.store import SessionStore
 from acp_bridge.system_prompt import SystemPrompt
@@ -502,3 +504,36 @@ async def test_a_users_own_developer_instructions_keep_the_command_line_route(
         identity = await h.served_by(await h.new(append("ours")))
     assert identity["developer"] == "ours"
     assert h.overrides(identity["pid"]) == {"developer_instructions": '"ours"'}
+
+
+# --- codex-acp 2.x: native append, override through CODEX_CONFIG -----------------------
+
+APP_SERVER_RESULT: dict[str, Any] = {
+    "protocolVersion": 1,
+    "agentInfo": {"name": "@agentclientprotocol/codex-acp", "version": "2.6.0"},
+    "agentCapabilities": {"sessionCapabilities": {"resume": {}, "systemPrompt": {}}},
+}
+
+
+def test_codex_acp_2_is_recognised_only_with_its_native_append() -> None:
+    assert CodexAdapter.detect(APP_SERVER_RESULT)
+    without = json.loads(json.dumps(APP_SERVER_RESULT))
+    del without["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
+    # 2.0-2.2: no native append and no proven route of the bridge's own.
+    assert not CodexAdapter.detect(without)
+    assert CodexAdapter.delivery(CodexAdapter.__new__(CodexAdapter), without) is None
+    delivery = CodexAdapter.delivery(CodexAdapter.__new__(CodexAdapter), APP_SERVER_RESULT)
+    assert delivery is not None and delivery.append and delivery.override
+
+
+@pytest.mark.parametrize("value", [None, "", '{"model": "gpt-5.4", "hooks": {"a": [1]}}'])
+def test_an_override_process_keeps_the_users_codex_config(value: str | None) -> None:
+    config = user_codex_config(value)
+    assert config == (json.loads(value) if value else {})
+
+
+@pytest.mark.parametrize("value", ["not json", "[1]", '"text"'])
+def test_a_codex_config_that_is_no_json_object_refuses_the_override(value: str) -> None:
+    with pytest.raises(PromptRefused) as refused:
+        user_codex_config(value)
+    assert "CODEX_CONFIG" in str(refused.value)

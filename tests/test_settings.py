@@ -75,6 +75,7 @@ def test_shipped_defaults_load(no_user_file: dict[str, str]) -> None:
         "claude-legacy",
         "goose",
         "codex",
+        "codex-legacy",
         "gemini",
         "qwen",
         "opencode",
@@ -137,10 +138,36 @@ def test_goose_preset_honours_goose_binary(no_user_file: dict[str, str]) -> None
     }
 
 
-def test_codex_preset_points_codex_at_the_responses_endpoint(
+def test_codex_preset_runs_codex_acp_2_configured_through_its_environment(
     no_user_file: dict[str, str],
 ) -> None:
     codex = load_config(environ=no_user_file).agent("codex")
+    assert codex.adapter == "codex"
+    assert codex.resolved_command({}) == ["npx", "-y", "@agentclientprotocol/codex-acp@2.6.0"]
+    verify = verify_of(codex)
+    assert verify.endpoint == "openai-responses"
+    assert verify.resolved_args(VERIFY_VARS) == []  # 2.x ignores its command line
+    env = verify.resolved_env(VERIFY_VARS)
+    config = json.loads(env.pop("CODEX_CONFIG"))
+    assert env == {
+        "CODEX_HOME": "/v/codex-home",
+        "FAKE_OPENAI_API_KEY": "sk-acp-bridge-verify",
+        "HOME": "/v",
+        "npm_config_cache": "/home/u/.npm",
+    }
+    assert config["model_provider"] == "acp-bridge-verify"
+    provider = config["model_providers"]["acp-bridge-verify"]
+    assert provider["base_url"] == "http://127.0.0.1:4242/v1"
+    assert provider["wire_api"] == "responses"
+    assert provider["env_key"] == "FAKE_OPENAI_API_KEY"
+    assert provider["supports_websockets"] is False
+    assert verify.resolved_dirs(VERIFY_VARS) == [Path("/v/codex-home")]
+
+
+def test_codex_legacy_preset_points_codex_at_the_responses_endpoint(
+    no_user_file: dict[str, str],
+) -> None:
+    codex = load_config(environ=no_user_file).agent("codex-legacy")
     assert codex.adapter == "codex"
     assert codex.resolved_command({}) == ["npx", "-y", "@zed-industries/codex-acp@0.16.0"]
     verify = verify_of(codex)
@@ -221,8 +248,9 @@ def test_unknown_preset_error_lists_known_names(no_user_file: dict[str, str]) ->
     with pytest.raises(ConfigError) as caught:
         load_config(environ=no_user_file).agent("amp")
     assert "'amp'" in str(caught.value)
-    assert "claude, claude-legacy, cline, codex, copilot, gemini, goose, opencode, qwen" in str(
-        caught.value
+    assert (
+        "claude, claude-legacy, cline, codex, codex-legacy, copilot, gemini, goose, opencode, qwen"
+        in str(caught.value)
     )
 
 
@@ -421,8 +449,10 @@ def test_expansion_happens_at_use_time_and_names_the_preset_key(
 
 
 def test_codex_verify_args_need_the_endpoint(no_user_file: dict[str, str]) -> None:
-    verify = verify_of(load_config(environ=no_user_file).agent("codex"))
-    with pytest.raises(ConfigError, match=r"agents\.codex\.verify\.args\[3\]: \$\{ENDPOINT_URL\}"):
+    verify = verify_of(load_config(environ=no_user_file).agent("codex-legacy"))
+    with pytest.raises(
+        ConfigError, match=r"agents\.codex-legacy\.verify\.args\[3\]: \$\{ENDPOINT_URL\}"
+    ):
         verify.resolved_args({"VERIFY_HOME": "/v"})
 
 

@@ -1,4 +1,5 @@
-"""End to end: the real codex-acp 0.16.0 behind the bridge CLI, against the model endpoint.
+"""End to end: the real codex-acp 0.16.0 (the ``codex-legacy`` preset) behind the bridge CLI,
+against the model endpoint (2.x: ``test_codex_acp.py``).
 
 Every test runs ``python -m acp_bridge -- <codex-acp> -c model_provider=...`` as a
 subprocess with a private ``CODEX_HOME`` whose custom provider points at the embedded
@@ -272,11 +273,18 @@ async def test_no_codex_process_is_left_after_the_client_disconnects(
     assert processes_with_home(codex.home) == [], f"left behind; codex-acp was {running}"
 
 
-async def test_verify_passes_for_the_codex_preset(codex_binary: Path, tmp_path: Path) -> None:
+async def test_verify_passes_for_the_codex_legacy_preset(
+    codex_binary: Path, tmp_path: Path
+) -> None:
     # The shipped preset runs codex-acp through npx; point it at the cached binary instead.
-    config = write_verify_config(tmp_path / "config.yaml", "codex", [str(codex_binary)])
+    config = write_verify_config(tmp_path / "config.yaml", "codex-legacy", [str(codex_binary)])
     report = await run_verify(
-        "--config", str(config), "--agent", "codex", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
+        "--config",
+        str(config),
+        "--agent",
+        "codex-legacy",
+        env=isolated_env(tmp_path),
+        timeout=4 * TIMEOUT,
     )
     report.assert_passed()
     # Every step codex can do passes; what it cannot is shown, never hidden.

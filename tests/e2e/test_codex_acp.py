@@ -1,0 +1,309 @@
+"""End to end: the real ``@agentclientprotocol/codex-acp`` 2.6.0 (the ``codex`` preset) behind
+the bridge CLI, against the model endpoint (OpenAI Responses flavour).
+
+codex-acp 2.x takes ``systemPrompt`` natively in append mode only, and reads its
+configuration from ``CODEX_CONFIG`` (JSON), not from its command line. These tests give it
+the endpoint's provider there, as a user's own configuration, so an override process
+(which the bridge starts with that configuration plus ``model_instructions_file``) can
+only reach the endpoint if the user's configuration was kept.
+
+Its codex (0.166.0) sends no ``instructions`` field: its default instructions are the
+first developer item, which starts with :data:`DEFAULT_HEAD`; an override replaces
+exactly that item. CODEX_HOME is kept outside /tmp (codex refuses to put its helper
+binaries under a temporary folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import agents  # tests/agents.py: installs and caches the pinned agents
+import pytest
+import trio
+from acp_requests import append, override, prompt_params, session_params
+from agent_processes import live_processes
+from bridge_cli import bridge_command, isolated_env, write_verify_config
+from conftest import run_verify
+
+from acp_bridge.client import AcpClient, spawn_bridge
+from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT: Final = 60.0
+# The start of codex 0.166's default instructions, its first developer item.
+DEFAULT_HEAD: Final = "You are a coding agent running in the Codex CLI"
+PROVIDER: Final = "acp-bridge-test"
+
+
+@pytest.fixture(scope="module")
+def codex_acp() -> list[str]:
+    return agents.codex_acp_command()
+
+
+@pytest.fixture
+def codex_home() -> Iterator[Path]:
+    """A fresh CODEX_HOME outside /tmp (``$ACP_BRIDGE_E2E_HOME`` or the user's cache)."""
+    base = Path(
+        os.environ.get("ACP_BRIDGE_E2E_HOME") or Path.home() / ".cache" / "acp-bridge" / "e2e"
+    )
+    base.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="codex-acp-home-", dir=base))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def user_config(endpoint_url: str) -> dict[str, Any]:
+    """The user's CODEX_CONFIG: a custom provider on the endpoint, no approvals, read-only."""
+    provider = {
+        "name": "test",
+        "base_url": f"{endpoint_url}/v1",
+        "wire_api": "responses",
+        "env_key": "FAKE_OPENAI_API_KEY",
+        "request_max_retries": 0,
+        "stream_max_retries": 0,
+        "supports_websockets": False,
+    }
+    return {
+        "model_provider": PROVIDER,
+        "model_providers": {PROVIDER: provider},
+        "model": "gpt-5.4",
+        "approval_policy": "never",
+        "sandbox_mode": "read-only",
+    }
+
+
+@dataclass
+class CodexAcp:
+    command: list[str]
+    home: Path
+    state: Path
+    endpoint: ModelEndpoint
+
+    def env(self) -> dict[str, str]:
+        env = agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
+        env["CODEX_CONFIG"] = json.dumps(user_config(self.endpoint.url))
+        return env
+
+    def processes(self) -> list[int]:
+        """Live processes of this CODEX_HOME: codex-acp and the codex app-server it runs."""
+        return live_processes(f"CODEX_HOME={self.home}")
+
+    def acp_processes(self) -> list[int]:
+        """The codex-acp processes themselves: node running its dist/index.js (not the
+        bridge, whose command line names it too)."""
+        entry = self.command[-1].encode()
+        found = []
+        for pid in self.processes():
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [entry]:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    @asynccontextmanager
+    async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
+        argv = bridge_command(self.state, self.command, *bridge_args)
+        async with spawn_bridge(argv, self.env()) as (client, _):
+            await client.request("initialize", {"protocolVersion": 1})
+            yield client
+
+    def requests_of(self, session_id: str) -> list[RecordedRequest]:
+        return [
+            r for r in self.endpoint.main_requests() if r.headers.get("session-id") == session_id
+        ]
+
+
+@pytest.fixture
+async def codex(codex_acp: list[str], codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexAcp]:
+    async with open_model_endpoint() as endpoint:
+        yield CodexAcp(codex_acp, codex_home, tmp_path / "sessions.sqlite3", endpoint)
+
+
+async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
+    result = await client.request("session/new", session_params(cwd, prompt=prompt))
+    session_id: str = result["sessionId"]
+    return session_id
+
+
+async def ask(codex: CodexAcp, client: AcpClient, session_id: str) -> RecordedRequest:
+    """One turn; the model request it caused."""
+    before = len(codex.requests_of(session_id))
+    result = await client.request("session/prompt", prompt_params(session_id, "Hi."))
+    assert result["stopReason"] == "end_turn"
+    requests = codex.requests_of(session_id)
+    assert len(requests) == before + 1
+    return requests[-1]
+
+
+def developer(request: RecordedRequest) -> list[str]:
+    # No instructions field: the whole system slot is the developer items.
+    assert request.instructions is None
+    return request.developer_texts()
+
+
+def has_default(request: RecordedRequest) -> bool:
+    return any(text.startswith(DEFAULT_HEAD) for text in developer(request))
+
+
+def has(request: RecordedRequest, marker: str) -> bool:
+    return any(marker in text for text in developer(request))
+
+
+async def test_initialize_advertises_append_and_the_override_the_bridge_adds(
+    codex: CodexAcp,
+) -> None:
+    argv = bridge_command(codex.state, codex.command)
+    with trio.fail_after(TIMEOUT):
+        async with spawn_bridge(argv, codex.env()) as (client, _):
+            result = await client.request("initialize", {"protocolVersion": 1})
+    capabilities = result["agentCapabilities"]
+    assert result["agentInfo"]["name"] == "@agentclientprotocol/codex-acp"
+    assert result["agentInfo"]["version"] == agents.CODEX_ACP_APP_SERVER[1]
+    assert capabilities["sessionCapabilities"]["systemPrompt"] == {"mode": {"override": {}}}
+    assert capabilities["_meta"]["acp-bridge"]["adapter"] == "codex"
+
+
+async def test_append_goes_natively_to_the_one_process_next_to_the_default(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            first = await new_session(client, tmp_path, append("MARKER-APPEND-1\nline two"))
+            second = await new_session(client, tmp_path, append("MARKER-APPEND-2"))
+            one, two = await ask(codex, client, first), await ask(codex, client, second)
+            # Native: no process per prompt.
+            assert len(codex.acp_processes()) == 1
+    assert has(one, "MARKER-APPEND-1\nline two") and has_default(one)
+    assert has(two, "MARKER-APPEND-2") and has_default(two)
+    assert not has(one, "MARKER-APPEND-2") and not has(two, "MARKER-APPEND-1")
+
+
+async def test_override_replaces_the_default_instructions(codex: CodexAcp, tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, override("MARKER-OVERRIDE-1 \u00e9"))
+            request = await ask(codex, client, session)
+            assert len(codex.acp_processes()) == 2
+    texts = developer(request)
+    # Exactly the default's place: the first developer item is the prompt.
+    assert texts[0] == "MARKER-OVERRIDE-1 \u00e9"
+    assert not any(DEFAULT_HEAD in text for text in texts)
+
+
+async def test_sessions_with_different_prompts_on_one_connection_each_get_only_their_own(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            appended = await new_session(client, tmp_path, append("MARKER-A"))
+            plain = await new_session(client, tmp_path)
+            replaced = await new_session(client, tmp_path, override("MARKER-O"))
+            replaced_too = await new_session(client, tmp_path, override("MARKER-P"))
+            sessions = (appended, plain, replaced, replaced_too)
+            for _ in range(2):
+                async with trio.open_nursery() as nursery:
+                    for session in sessions:
+                        nursery.start_soon(ask, codex, client, session)
+    markers = {appended: "MARKER-A", replaced: "MARKER-O", replaced_too: "MARKER-P"}
+    for session in sessions:
+        requests = codex.requests_of(session)
+        assert len(requests) == 2
+        for request in requests:
+            own = markers.get(session)
+            others = [m for s, m in markers.items() if s != session]
+            assert own is None or has(request, own)
+            assert not any(has(request, m) for m in others)
+            assert has_default(request) == (session in (appended, plain))
+
+
+async def test_sessions_reopen_after_a_bridge_restart_with_the_prompt_omitted(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT * 2):
+        async with codex.bridge() as client:
+            appended = await new_session(client, tmp_path, append("MARKER-A"))
+            replaced = await new_session(client, tmp_path, override("MARKER-O"))
+            for session in (appended, replaced):
+                await ask(codex, client, session)
+
+        # A restart, policy keep: the stored prompts come back without the client's help.
+        async with codex.bridge() as client:
+            await client.request("session/load", session_params(tmp_path, appended))
+            await client.request("session/resume", session_params(tmp_path, replaced))
+            loaded, resumed = [await ask(codex, client, s) for s in (appended, replaced)]
+    assert has(loaded, "MARKER-A") and has_default(loaded)
+    assert developer(resumed)[0] == "MARKER-O" and not has_default(resumed)
+
+
+async def test_a_live_session_moves_to_the_process_of_its_changed_override(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    # codex-acp 2.6 lets go of a closed session only when its process exits: the bridge
+    # stops the old override process, which holds nothing else, and the load goes through.
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, override("MARKER-O1"))
+            await ask(codex, client, session)
+            before = set(codex.acp_processes())
+            await client.request(
+                "session/load", session_params(tmp_path, session, override("MARKER-O2"))
+            )
+            request = await ask(codex, client, session)
+            after = set(codex.acp_processes())
+    assert developer(request)[0] == "MARKER-O2" and not has(request, "MARKER-O1")
+    assert len(before) == len(after) == 2 and len(before & after) == 1
+
+
+async def test_a_live_session_of_the_primary_cannot_move_to_an_override_process(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    # The primary holds the session (native append) and is never stopped for it: the
+    # agent's own refusal reaches the client (docs/adapters.md, codex, 2.x).
+    with trio.fail_after(TIMEOUT):
+        async with codex.bridge() as client:
+            session = await new_session(client, tmp_path, append("MARKER-A"))
+            await ask(codex, client, session)
+            frame = await client.request_raw(
+                "session/resume", session_params(tmp_path, session, override("MARKER-O"))
+            )
+    assert frame["error"]["code"] == -32600
+    assert frame["error"]["data"]["reason"] == "thread_active_writer"
+
+
+async def test_no_process_is_left_after_the_client_closes(codex: CodexAcp, tmp_path: Path) -> None:
+    argv = bridge_command(codex.state, codex.command)
+    with trio.fail_after(TIMEOUT):
+        async with spawn_bridge(argv, codex.env()) as (client, bridge):
+            await client.request("initialize", {"protocolVersion": 1})
+            await new_session(client, tmp_path, append("MARKER-1"))
+            await new_session(client, tmp_path, override("MARKER-2"))
+            running = codex.processes()
+            # Two codex-acp processes, each with its codex app-server.
+            assert len(codex.acp_processes()) == 2
+        assert bridge.returncode == 0
+    assert codex.processes() == [], f"left behind; there were {running}"
+    assert not [p for p in codex.home.iterdir() if p.name.startswith("acp-bridge-")]
+
+
+async def test_verify_passes_for_the_codex_preset(codex_acp: list[str], tmp_path: Path) -> None:
+    # The shipped preset runs codex-acp through npx; point it at the cached install instead.
+    config = write_verify_config(tmp_path / "config.yaml", "codex", codex_acp)
+    report = await run_verify(
+        "--config", str(config), "--agent", "codex", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
+    )
+    report.assert_passed()
+    assert report.table.count("PASS") >= 9
+    # codex keeps a session's (and a fork's parent's) developer message: shown, not hidden.
+    assert "LIMIT" in report.table
