@@ -23,7 +23,9 @@ they are named to it as soon as they exist, before any prompt text is written to
 
 Descendants that left the group (a child that called ``setsid``, as codex-acp's shell
 snapshot does) are found by walking the process tree down from the group's leader while
-it still stands, and are signalled with the group. This module is also where the bridge
+it still stands, and are signalled with the group, together with whatever has joined a
+group one of them leads since (the snapshot's login shell runs the user's profile, which
+may start processes after the agent has exited). This module is also where the bridge
 itself finds them (:func:`outside_group`), so both use one definition.
 
 ``PR_SET_PDEATHSIG`` alone is not enough: it covers only the direct child, not the
@@ -209,15 +211,30 @@ def _same(pid: int, started: bytes) -> bool:
     return fields[19] == started and fields[0] != b"Z"
 
 
+def _with_their_groups(processes: Processes) -> Processes:
+    """``processes`` that still run, and the running members of each group one of them
+    led (a ``setsid`` shell whose profile starts more processes after it was found):
+    only members started since the leader, so a reused group id is never signalled."""
+    if not processes:
+        return {}  # nothing escaped: no need to read every process's stat
+    table = process_table()
+    found = {pid: started for pid, started in processes.items() if _same(pid, started)}
+    for pid, (_, pgrp, state, started) in table.items():
+        leader = processes.get(pgrp)
+        if leader is not None and state != b"Z" and int(started) >= int(leader):
+            found[pid] = started
+    return found
+
+
 def signal_processes(processes: Processes, signum: int) -> None:
-    for pid, started in processes.items():
+    for pid, started in _with_their_groups(processes).items():
         if _same(pid, started):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
 
 def any_running(processes: Processes) -> bool:
-    return any(_same(pid, started) for pid, started in processes.items())
+    return bool(_with_their_groups(processes))
 
 
 def group_alive(pgid: int) -> bool:

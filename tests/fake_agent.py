@@ -61,6 +61,12 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
         action="store_true",
         help="start the grandchild in a session of its own, out of the agent's group",
     )
+    parser.add_argument(
+        "--grandchild-spawns-late",
+        action="store_true",
+        help="the grandchild (in a session of its own) starts a child of its own once the "
+        "agent has exited, and writes its pid to <grandchild-pidfile>.late",
+    )
     parser.add_argument("--fail-method", action="append", default=[])
     parser.add_argument("--fail-message", help="the error message of --fail-method's answers")
     parser.add_argument("--session-prefix", default="", help="prefix of new session ids")
@@ -78,14 +84,23 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild_pidfile:
+        code = (
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(3600)\n"
+        )
+        if args.grandchild_spawns_late:
+            # codex's shell snapshot: a login shell in a session of its own whose profile
+            # starts more processes (in its group) after the agent may have exited.
+            code = (
+                "import os, subprocess, sys, time\n"
+                "parent = os.getppid()\n"
+                "while os.getppid() == parent:\n"
+                "    time.sleep(0.01)\n"
+                "late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+                f"open({args.grandchild_pidfile + '.late'!r}, 'w').write(str(late.pid))\n"
+                "time.sleep(3600)\n"
+            )
         child = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import signal, time\n"
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                "time.sleep(3600)\n",
-            ],
+            [sys.executable, "-c", code],
             stdin=subprocess.DEVNULL,
             start_new_session=args.grandchild_own_session,
         )

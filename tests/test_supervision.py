@@ -116,6 +116,27 @@ async def test_shutdown_leaves_no_grandchild_that_started_its_own_session(
             assert [pid for pid in pids if pid_alive(pid)] == []
 
 
+async def test_shutdown_leaves_nothing_an_escaped_grandchild_started_afterwards(
+    open_bridge: OpenBridge,
+) -> None:
+    # codex-acp 2.6's shell snapshot: `bash -lc` in its own session runs the user's profile,
+    # which went on starting processes (pyenv-rehash, sleep) after the agent had exited;
+    # they outlived the bridge, found only by walking down from the agent while it ran.
+    args = ("--grandchild-own-session", "--grandchild-spawns-late")
+    with trio.fail_after(30):
+        async with open_bridge(*args, grandchild=True) as bridge:
+            await ready(bridge)
+            pids = bridge.pids()
+            await bridge.close_stdin()
+            await bridge.read_to_eof()
+            await bridge.wait()
+            late_file = bridge.file("grandchild.pid.late")
+            while not late_file.exists() or not late_file.read_text():
+                await trio.sleep(0.02)
+            pids.append(int(late_file.read_text()))
+            assert await survivors_after(pids, NO_SURVIVOR_AFTER) == []
+
+
 HOLDER = """
 import sys, time, trio
 from acp_bridge.agent_process import AgentProcess

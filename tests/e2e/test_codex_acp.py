@@ -131,6 +131,13 @@ async def codex(codex_acp: list[str], codex_home: Path, tmp_path: Path) -> Async
         yield CodexAcp(codex_acp, codex_home, tmp_path / "sessions.sqlite3", endpoint)
 
 
+def describe(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "(gone)"
+
+
 async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
     result = await client.request("session/new", session_params(cwd, prompt=prompt))
     session_id: str = result["sessionId"]
@@ -293,7 +300,8 @@ async def test_no_process_is_left_after_the_client_closes(codex: CodexAcp, tmp_p
             # Two codex-acp processes, each with its codex app-server.
             assert len(codex.acp_processes()) == 2
         assert bridge.returncode == 0
-    assert codex.processes() == [], f"left behind; there were {running}"
+    left = {pid: describe(pid) for pid in codex.processes()}
+    assert left == {}, f"left behind; there were {running}"
     assert not [p for p in codex.home.iterdir() if p.name.startswith("acp-bridge-")]
 
 
