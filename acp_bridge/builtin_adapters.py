@@ -42,6 +42,7 @@ AGENTS: Final[dict[str, str]] = {
     "@agentclientprotocol/claude-agent-acp": "claude",
     "@zed-industries/claude-agent-acp": "claude",
     "@zed-industries/claude-code-acp": "claude",
+    "@agentclientprotocol/codex-acp": "codex",
     "cline": "cline",
     "codex-acp": "codex",
     "Copilot": "copilot",
@@ -52,6 +53,12 @@ AGENTS: Final[dict[str, str]] = {
 }
 
 
+# Names recognised only when the agent also advertises systemPrompt itself: their adapter
+# builds on that native half (codex-acp 2.3 and later: append), and earlier releases
+# without it fall through to the rules below.
+NEEDS_NATIVE: Final = frozenset({"@agentclientprotocol/codex-acp"})
+
+
 def choose(agent_name: str | None, advertises_system_prompt: bool) -> str:
     """The built-in adapter for an agent, by the rules above.
 
@@ -59,9 +66,16 @@ def choose(agent_name: str | None, advertises_system_prompt: bool) -> str:
     ``advertises_system_prompt``: whether it advertises ``systemPrompt`` itself
     (:func:`acp_bridge.capabilities.native_delivery` is not None).
     """
-    if agent_name is not None and agent_name in AGENTS:
+    if agent_name is not None and recognised(agent_name, advertises_system_prompt):
         return AGENTS[agent_name]
     return NATIVE if advertises_system_prompt else FALLBACK
+
+
+def recognised(agent_name: str, advertises_system_prompt: bool) -> bool:
+    """Whether :data:`AGENTS` names an adapter for this agent (see :data:`NEEDS_NATIVE`)."""
+    if agent_name not in AGENTS:
+        return False
+    return advertises_system_prompt or agent_name not in NEEDS_NATIVE
 
 
 def _folders() -> Iterator[str]:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Final
 
 from acp_bridge.adapter import Delivery, LifecycleCall, ReopenLimit, Reply, put_prompt_back
+from acp_bridge.builtin_adapters import recognised
 from acp_bridge.capabilities import agent_name, native_delivery
 from acp_bridge.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonObject
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, prompt_key
@@ -58,7 +59,9 @@ from acp_bridge.system_prompt import SystemPrompt
 
 AGENT_NAME: Final = "codex-acp"
 # The TypeScript codex-acp on codex's app-server (2.x): configuration from the environment.
+# Recognised only with its native append (builtin_adapters.NEEDS_NATIVE).
 APP_SERVER_AGENT_NAME: Final = "@agentclientprotocol/codex-acp"
+AGENT_NAMES: Final = frozenset({AGENT_NAME, APP_SERVER_AGENT_NAME})
 CONFIG_VARIABLE: Final = "CODEX_CONFIG"
 # codex-acp answers session/close before it has released the session's rollout writer, so
 # a load/resume right after fails: 0.16 with -32603 (its stderr: "already has a live local
@@ -147,9 +150,9 @@ class CodexAdapter(PoolAdapter):
 
     @classmethod
     def detect(cls, initialize_result: JsonObject) -> bool:
-        if is_app_server(initialize_result):
-            return native_delivery(initialize_result) is not None
-        return super().detect(initialize_result)
+        name = agent_name(initialize_result)
+        native = native_delivery(initialize_result) is not None
+        return name in AGENT_NAMES and recognised(name, native)
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         if not is_app_server(initialize_result):

@@ -154,7 +154,11 @@ def test_every_builtin_adapter_detects_exactly_its_names_in_the_table() -> None:
                 if adapter.name == builtin_adapters.NATIVE:
                     expected = native_delivery(result) is not None
                 else:
-                    expected = builtin_adapters.AGENTS.get(name or "") == adapter.name
+                    expected = builtin_adapters.AGENTS.get(
+                        name or ""
+                    ) == adapter.name and builtin_adapters.recognised(
+                        name or "", native_delivery(result) is not None
+                    )
                 assert adapter.detect(result) == expected, (adapter.name, name, result)
 
 
