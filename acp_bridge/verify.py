@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -774,12 +775,8 @@ def format_table(rows: Sequence[Row]) -> str:
     ]
     for row in rows:
         texts = [row.observed] if row.expectation == "-" else [row.expectation, row.observed]
-        details = [
-            part
-            for text in texts
-            if text
-            for part in textwrap.wrap(text, details_width, break_on_hyphens=False)
-        ] or [""]
+        details = [part for text in texts if text for part in wrap_items(text, details_width)]
+        details = details or [""]
         lines.append(line(row.step, row.mode, details[0], row.status))
         lines += [line("", "", part, "") for part in details[1:]]
     passed = sum(r.status == "PASS" for r in rows)
@@ -792,6 +789,30 @@ def format_table(rows: Sequence[Row]) -> str:
         summary += f", {limited} at a documented limit of the agent"
     lines.append(summary)
     return "\n".join(lines)
+
+
+def wrap_items(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after its ", " and "; " where it can
+    (``default kept`` stays together), inside an item only when the item alone is longer."""
+    items = re.findall(r".+?(?:[,;] |$)", text)
+    lines: list[str] = []
+    current = ""
+    for item in items:
+        if len(current) + len(item.rstrip()) <= width:
+            current += item
+            continue
+        if current:
+            lines.append(current.rstrip())
+        current = ""
+        if len(item.rstrip()) > width:
+            *whole, current = textwrap.wrap(item, width, break_on_hyphens=False) or [""]
+            lines += whole
+            current += " "
+        else:
+            current = item
+    if current.strip():
+        lines.append(current.rstrip())
+    return lines
 
 
 def succeeded(rows: Sequence[Row]) -> bool:

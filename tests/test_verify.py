@@ -368,6 +368,8 @@ def test_the_table_fits_100_columns_and_names_markers_by_role() -> None:
     ]
     table = format_table(rows)
     assert max(len(line) for line in table.splitlines()) <= 100, table
+    # Broken after a comma or semicolon, not inside "default gone" or "213 ch".
+    assert "default gone" in table and "213 ch" in table, table
     limit_row = rows_of(table, "load after restart, omitted (default)")[0]
     assert status_of(limit_row) == "LIMIT"
     assert "keeps a session's first prompt from session/new" in text_of(limit_row)
