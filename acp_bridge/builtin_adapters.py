@@ -48,6 +48,7 @@ AGENTS: Final[dict[str, str]] = {
     "Copilot": "copilot",
     "gemini-cli": "gemini",
     "goose": "goose",
+    "Kilo": "kilo",
     "OpenCode": "opencode",
     "qwen-code": "qwen",
 }

@@ -60,6 +60,8 @@ GEMINI_CLI = ("@google/gemini-cli", "0.61.0")
 QWEN_CODE = ("@qwen-code/qwen-code", "0.24.4")
 # npm `cline` is a node launcher for the platform package's compiled binary.
 CLINE_VERSION = "3.0.65"
+# The newest Kilo with a linux-x64 binary; no `@kilocode/cli` launcher of this version exists.
+KILO_VERSION = "7.7.9"
 
 INSTALL_TIMEOUT = 1800.0
 _MARKER = ".acp-bridge-installed"
@@ -228,6 +230,16 @@ def cline_binary(version: str = CLINE_VERSION) -> Path:
     return binary
 
 
+def kilo_binary(version: str = KILO_VERSION) -> Path:
+    """The Kilo binary (run it as ``kilo acp``) from its platform package."""
+    package = f"@kilocode/cli-{_platform_suffix()}"
+    install(package, version)
+    binary = package_dir(package, version) / "bin" / "kilo"
+    if not binary.is_file():
+        raise RuntimeError(f"{binary} is missing")
+    return binary
+
+
 def gemini_command() -> list[str]:
     """``gemini --acp`` from the pinned @google/gemini-cli bundle, run by node directly."""
     package, version = GEMINI_CLI
@@ -304,6 +316,7 @@ def agent_commands() -> dict[str, list[str]]:
     commands[f"opencode@{OPENCODE_VERSION}"] = [str(opencode_binary()), "acp"]
     commands[f"copilot@{COPILOT_VERSION}"] = [str(copilot_binary()), "--acp"]
     commands[f"cline@{CLINE_VERSION}"] = [str(cline_binary()), "--acp"]
+    commands[f"kilo@{KILO_VERSION}"] = [str(kilo_binary()), "acp"]
     commands[f"gemini-cli@{GEMINI_CLI[1]}"] = gemini_command()
     commands[f"qwen-code@{QWEN_CODE[1]}"] = qwen_command()
     return commands

@@ -81,6 +81,7 @@ def test_shipped_defaults_load(no_user_file: dict[str, str]) -> None:
         "opencode",
         "copilot",
         "cline",
+        "kilo",
     }
     assert len(config.sources) == 2
 
@@ -244,13 +245,31 @@ def test_cline_preset_keeps_cline_off_its_hub_and_writes_the_endpoint_into_its_d
     assert entry["updatedAt"]  # cline ignores an entry without it
 
 
+def test_kilo_preset_runs_the_binary_it_is_pointed_at_with_an_inline_provider(
+    no_user_file: dict[str, str],
+) -> None:
+    kilo = load_config(environ=no_user_file).agent("kilo")
+    assert kilo.adapter == "kilo"
+    assert kilo.resolved_command({}) == ["kilo", "acp"]
+    assert kilo.resolved_command({"KILO_BINARY": "/k/kilo"}) == ["/k/kilo", "acp"]
+    verify = verify_of(kilo)
+    assert verify.endpoint == "openai-chat"
+    env = verify.resolved_env(VERIFY_VARS)
+    config = json.loads(env["KILO_CONFIG_CONTENT"])
+    (provider,) = config["provider"].values()
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:4242/v1"
+    # KILO_CONFIG stays free for the adapter's own layer.
+    assert "KILO_CONFIG" not in env
+    assert env["HOME"] == "/v" and env["XDG_DATA_HOME"] == "/v/.local/share"
+
+
 def test_unknown_preset_error_lists_known_names(no_user_file: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(environ=no_user_file).agent("amp")
     assert "'amp'" in str(caught.value)
     assert (
-        "claude, claude-legacy, cline, codex, codex-legacy, copilot, gemini, goose, opencode, qwen"
-        in str(caught.value)
+        "claude, claude-legacy, cline, codex, codex-legacy, copilot, gemini, goose, kilo, "
+        "opencode, qwen" in str(caught.value)
     )
 
 

@@ -1,0 +1,120 @@
+"""``kilo``: one ``kilo acp`` process per distinct system prompt, the prompt in an
+instructions file named by a private configuration layer.
+
+Kilo (npm ``@kilocode/cli``, a fork of opencode with ``OPENCODE_*`` renamed ``KILO_*``,
+measured on 7.7.9) ignores ``systemPrompt`` and every ``_meta`` form and reads
+instructions from its configuration once per process. So this adapter is a
+:class:`~acp_bridge.pool.PoolAdapter` offering ``append`` only: each prompt's process gets
+``KILO_CONFIG=<private kilo.json>``, a layer Kilo merges over the user's configuration
+(``KILO_CONFIG_CONTENT`` included), whose ``instructions`` names a private file with the
+text. Kilo puts it in the system message as ``Instructions from: <path>`` and the text,
+after its own prompt and the user's instructions and before its skills list. No route
+replaces Kilo's own prompt (an agent file is inserted after "You are Kilo…"), so
+``override`` is not offered.
+
+Kilo substitutes ``{env:NAME}`` and ``{file:PATH}`` in an instructions file (not on a line
+that starts with ``//``), with no escape. The bridge writes every other ``{`` as
+``{file:<private file holding "{">}`` (:func:`protect_references`): Kilo's ``{file:…}``
+pass, which runs once over the text after its ``{env:…}`` pass, turns each back into
+``{``, and no ``{env:…}`` is left for the first pass. So the text reaches the model as
+sent, whitespace at both ends included.
+
+Sessions live in Kilo's database under the user's data directory, shared by every
+process; the system message comes from the serving process's configuration, so
+``session/load`` / ``session/resume`` in the process of the prompt the session should run
+with gets exactly that prompt, after a bridge restart too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Final
+
+from acp_bridge.adapter import Delivery
+from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
+from acp_bridge.system_prompt import SystemPrompt
+
+AGENT_NAME: Final = "Kilo"
+CONFIG_VARIABLE: Final = "KILO_CONFIG"
+CONFIG_FILE: Final = "kilo.json"
+INSTRUCTIONS_FILE: Final = "system-prompt.md"
+BRACE_FILE: Final = "brace"
+# What JavaScript's String.prototype.trimStart removes, which Kilo uses to find a line
+# that starts with `//` (ECMAScript WhiteSpace and LineTerminator).
+JS_WHITESPACE: Final = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def protect_references(text: str, brace_file: str) -> str:
+    """``text`` as an instructions file that Kilo's substitution turns back into ``text``.
+
+    Each ``{`` outside a ``//`` line becomes ``{file:<brace_file>}``, a file holding ``{``.
+    On a line whose start (before the brace, whitespace skipped) is ``//``, Kilo
+    substitutes nothing, so the brace stays as it is.
+    """
+    if "{" in brace_file or "}" in brace_file:
+        # Kilo's reference ends at the first `}`; a `{` would be substituted in its config.
+        raise PromptRefused(
+            f"The bridge's private file {brace_file} has a brace in its path, which Kilo "
+            f"cannot take in a file reference; set TMPDIR to a path without one.",
+            {"file": brace_file},
+        )
+    reference = "{file:" + brace_file + "}"
+    pieces: list[str] = []
+    line_start = 0
+    for index, char in enumerate(text):
+        if char == "{" and not text[line_start:index].lstrip(JS_WHITESPACE).startswith("//"):
+            pieces.append(reference)
+        else:
+            pieces.append(char)
+        if char == "\n":
+            line_start = index + 1
+    return "".join(pieces)
+
+
+class KiloAdapter(PoolAdapter):
+    name = "kilo"
+    description = "kilo acp: one process per distinct prompt, a private instructions file"
+    agent_label = "kilo"
+    reported_name = AGENT_NAME
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
+        return Delivery(append=True, override=False)
+
+    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        if prompt.mode != "append":
+            raise PromptRefused(
+                "Kilo offers no way to replace its own system prompt; use mode append.",
+                {"field": "systemPrompt.mode"},
+                INVALID_PARAMS,
+            )
+        environment = self.agent_environment()
+        own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
+        if own:
+            # One variable, one file: replacing it would silently drop the user's layer.
+            raise PromptRefused(
+                f"The bridge gives Kilo a system prompt through {CONFIG_VARIABLE}, which is "
+                f"already set for the agent ({own}); move that configuration to Kilo's "
+                f"global config file or KILO_CONFIG_CONTENT, or unset {CONFIG_VARIABLE}.",
+                {"variable": CONFIG_VARIABLE},
+            )
+        brace = private.write(BRACE_FILE, "{")
+        try:
+            instructions = private.write(
+                INSTRUCTIONS_FILE, protect_references(prompt.text, str(brace))
+            )
+        except UnicodeEncodeError as exc:
+            raise PromptRefused(
+                f"The append system prompt contains a lone surrogate (position {exc.start}), "
+                f"which cannot be written to the UTF-8 file Kilo reads.",
+                {"field": "systemPrompt.content"},
+                INVALID_PARAMS,
+            ) from None
+        # Kilo substitutes in its JSON configuration too: the private path has no brace
+        # (protect_references made sure).
+        config = private.write(CONFIG_FILE, json.dumps({"instructions": [str(instructions)]}))
+        return ProcessConfig(env={CONFIG_VARIABLE: str(config)})
