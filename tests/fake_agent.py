@@ -19,6 +19,10 @@ the client asks for it; ``--caps`` is then the v2 ``capabilities`` object.
 ``--sent`` records every line the agent writes to stdout, so tests can compare what the
 client received with what the agent sent, byte for byte. ``--pidfile`` tells the tests
 which process to look for after shutdown.
+
+The answers are decided by :class:`Script`, which does no I/O: this file runs it over
+stdin and stdout, and ``tests/memory_agent.py`` runs the same script as a coroutine over
+in-memory streams, so both agents answer alike byte for byte.
 """
 
 from __future__ import annotations
@@ -30,25 +34,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-out = sys.stdout.buffer
-sent_logs: list[Any] = []  # the --sent file, once open
+
+@dataclass(frozen=True)
+class Exit:
+    """The agent ends at once with ``code``, answering nothing more."""
+
+    code: int
 
 
-def write_line(line: bytes) -> None:
-    out.write(line + b"\n")
-    for log in sent_logs:
-        log.write(line + b"\n")
-        log.flush()
+# What the script does about one line: write these lines (without their newline), in
+# order, and maybe exit after them.
+Output = list["bytes | Exit"]
 
 
-def send(message: Any) -> None:
-    write_line(json.dumps(message).encode())
-    out.flush()
-
-
-def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test double
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--record")
     parser.add_argument("--name", default="fake-agent")
@@ -73,14 +76,172 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
     parser.add_argument("--sent")
     parser.add_argument("--pidfile")
     parser.add_argument("--eof-exit-code", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+@dataclass
+class Script:
+    """The fake agent's answers, line by line, without I/O."""
+
+    name: str = "fake-agent"
+    caps: Any = field(default_factory=dict)
+    fail_methods: Sequence[str] = ()
+    session_prefix: str = ""
+    fail_message: str | None = None
+    counter: int = 0
+    waiting: dict[Any, Any] = field(default_factory=dict)  # client-request id -> ours
+    held: dict[Any, Any] = field(default_factory=dict)  # _test/hold request id -> params
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Script:
+        caps = json.loads(args.caps)
+        return cls(args.name, caps, args.fail_method, args.session_prefix, args.fail_message)
+
+    def on_line(self, raw: bytes) -> Output:  # noqa: PLR0915 - one flat dispatch reads best
+        out: Output = []
+
+        def send(message: Any) -> None:
+            out.append(json.dumps(message).encode())
+
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            return out
+        if isinstance(message, list):
+            answers = [
+                {"jsonrpc": "2.0", "id": m["id"], "result": {"batched": m.get("method")}}
+                for m in message
+                if isinstance(m, dict) and "method" in m and "id" in m
+            ]
+            if answers:
+                send(answers)
+            return out
+        if not isinstance(message, dict):
+            return out
+        method = message.get("method")
+        request_id = message.get("id")
+        params = message.get("params") or {}
+        if method is None:
+            if request_id in self.waiting:
+                original = self.waiting.pop(request_id)
+                send({"jsonrpc": "2.0", "id": original, "result": {"clientSaid": message}})
+            return out
+        if "id" not in message:
+            cancelled = params.get("requestId") if isinstance(params, dict) else None
+            if (
+                method == "$/cancel_request"
+                and isinstance(cancelled, (int, str))
+                and cancelled in self.held
+            ):
+                del self.held[cancelled]
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": cancelled,
+                        "error": {"code": -32800, "message": "Request cancelled"},
+                    }
+                )
+            return out
+
+        def answer(result: Any, _id: Any = request_id) -> None:
+            send({"jsonrpc": "2.0", "id": _id, "result": result})
+
+        if method in self.fail_methods:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {
+                        "code": -32603,
+                        "message": self.fail_message or f"{method} failed on purpose",
+                    },
+                }
+            )
+        elif method == "initialize" and params.get("protocolVersion") == 2:
+            answer(
+                {
+                    "protocolVersion": 2,
+                    "info": {"name": self.name, "version": "1.0.0"},
+                    "capabilities": self.caps,
+                    "authMethods": [],
+                }
+            )
+        elif method == "initialize":
+            answer(
+                {
+                    "protocolVersion": params.get("protocolVersion", 1),
+                    "agentCapabilities": self.caps,
+                    "agentInfo": {"name": self.name, "version": "1.0.0"},
+                    "authMethods": [],
+                }
+            )
+        elif method in ("session/new", "session/fork"):
+            self.counter += 1
+            prefix = "sess" if method == "session/new" else "fork"
+            answer({"sessionId": f"{self.session_prefix}{prefix}-{self.counter}"})
+        elif method in ("session/load", "session/resume", "session/close", "session/delete"):
+            answer({})
+        elif method == "session/prompt":
+            texts = [b.get("text") for b in params.get("prompt", []) if isinstance(b, dict)]
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {
+                        "sessionId": params.get("sessionId"),
+                        "update": {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": json.dumps(texts)},
+                        },
+                    },
+                }
+            )
+            answer({"stopReason": "end_turn"})
+        elif method == "_test/echo":
+            answer(params)
+        elif method == "_test/emit":
+            out.extend(line.encode() for line in params.get("lines", []))
+            answer({})
+        elif method == "_test/exit":
+            out.append(Exit(int(params.get("code", 0))))
+        elif method == "_test/hang":
+            pass
+        elif method == "_test/hold":
+            self.held[request_id] = params
+        elif method == "_test/release":
+            for held_id, held_params in self.held.items():
+                answer(held_params, held_id)
+            self.held.clear()
+            answer({})
+        elif method == "_test/ask_client":
+            self.waiting[params["id"]] = request_id
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": params["id"],
+                    "method": params.get("method", "fs/read_text_file"),
+                    "params": params.get("params", {}),
+                }
+            )
+        else:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32601, "message": "Method not found"},
+                }
+            )
+        return out
+
+
+def main() -> None:
+    args = parser().parse_args()
+    out = sys.stdout.buffer
+    sent_log = open(args.sent, "ab") if args.sent else None  # noqa: SIM115
 
     if args.pidfile:
         with open(args.pidfile, "w") as f:
             f.write(str(os.getpid()))
-    if args.sent:
-        sent_logs.append(open(args.sent, "ab"))  # noqa: SIM115
-
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild_pidfile:
@@ -107,146 +268,21 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch reads best in a test do
         with open(args.grandchild_pidfile, "w") as f:
             f.write(str(child.pid))
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115
-    caps = json.loads(args.caps)
-    counter = 0
-    waiting: dict[Any, Any] = {}  # client-request id -> our request id to answer
-    held: dict[Any, Any] = {}  # _test/hold request id -> its params
+    script = Script.of(args)
 
     for raw in sys.stdin.buffer:
         if record is not None:
             record.write(raw if raw.endswith(b"\n") else raw + b"\n")
             record.flush()
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(message, list):
-            answers = [
-                {"jsonrpc": "2.0", "id": m["id"], "result": {"batched": m.get("method")}}
-                for m in message
-                if isinstance(m, dict) and "method" in m and "id" in m
-            ]
-            if answers:
-                send(answers)
-            continue
-        if not isinstance(message, dict):
-            continue
-        method = message.get("method")
-        request_id = message.get("id")
-        params = message.get("params") or {}
-        if method is None:
-            if request_id in waiting:
-                original = waiting.pop(request_id)
-                send({"jsonrpc": "2.0", "id": original, "result": {"clientSaid": message}})
-            continue
-        if "id" not in message:
-            cancelled = params.get("requestId") if isinstance(params, dict) else None
-            if (
-                method == "$/cancel_request"
-                and isinstance(cancelled, (int, str))
-                and cancelled in held
-            ):
-                del held[cancelled]
-                send(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": cancelled,
-                        "error": {"code": -32800, "message": "Request cancelled"},
-                    }
-                )
-            continue
-
-        def answer(result: Any, _id: Any = request_id) -> None:
-            send({"jsonrpc": "2.0", "id": _id, "result": result})
-
-        if method in args.fail_method:
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {
-                        "code": -32603,
-                        "message": args.fail_message or f"{method} failed on purpose",
-                    },
-                }
-            )
-        elif method == "initialize" and params.get("protocolVersion") == 2:
-            answer(
-                {
-                    "protocolVersion": 2,
-                    "info": {"name": args.name, "version": "1.0.0"},
-                    "capabilities": caps,
-                    "authMethods": [],
-                }
-            )
-        elif method == "initialize":
-            answer(
-                {
-                    "protocolVersion": params.get("protocolVersion", 1),
-                    "agentCapabilities": caps,
-                    "agentInfo": {"name": args.name, "version": "1.0.0"},
-                    "authMethods": [],
-                }
-            )
-        elif method in ("session/new", "session/fork"):
-            counter += 1
-            prefix = "sess" if method == "session/new" else "fork"
-            answer({"sessionId": f"{args.session_prefix}{prefix}-{counter}"})
-        elif method in ("session/load", "session/resume", "session/close", "session/delete"):
-            answer({})
-        elif method == "session/prompt":
-            texts = [b.get("text") for b in params.get("prompt", []) if isinstance(b, dict)]
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "session/update",
-                    "params": {
-                        "sessionId": params.get("sessionId"),
-                        "update": {
-                            "sessionUpdate": "agent_message_chunk",
-                            "content": {"type": "text", "text": json.dumps(texts)},
-                        },
-                    },
-                }
-            )
-            answer({"stopReason": "end_turn"})
-        elif method == "_test/echo":
-            answer(params)
-        elif method == "_test/emit":
-            for line in params.get("lines", []):
-                write_line(line.encode())
-            out.flush()
-            answer({})
-        elif method == "_test/exit":
-            out.flush()
-            os._exit(int(params.get("code", 0)))
-        elif method == "_test/hang":
-            pass
-        elif method == "_test/hold":
-            held[request_id] = params
-        elif method == "_test/release":
-            for held_id, held_params in held.items():
-                answer(held_params, held_id)
-            held.clear()
-            answer({})
-        elif method == "_test/ask_client":
-            waiting[params["id"]] = request_id
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": params["id"],
-                    "method": params.get("method", "fs/read_text_file"),
-                    "params": params.get("params", {}),
-                }
-            )
-        else:
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {"code": -32601, "message": "Method not found"},
-                }
-            )
+        for item in script.on_line(raw):
+            if isinstance(item, Exit):
+                out.flush()
+                os._exit(item.code)
+            out.write(item + b"\n")
+            if sent_log is not None:
+                sent_log.write(item + b"\n")
+                sent_log.flush()
+        out.flush()
 
     if args.ignore_eof:
         while True:

@@ -1,9 +1,10 @@
 """A client, a bridge and the fake agent wired together for the systemPrompt tests.
 
-The bridge runs either in this process (over in-memory streams, with the fake agent as a
-real subprocess) or as its own ``python -m acp_bridge`` process. Either way the test talks
-through :class:`Peer`, which checks every response it gets against the official schema,
-and reads what the agent really received from the fake agent's ``--record`` file.
+The bridge runs either in this process, over in-memory streams in front of the fake agent
+run as a coroutine (``memory_agent.ScriptedAgent``: no process), or as its own
+``python -m acp_bridge`` process in front of ``tests/fake_agent.py``. Either way the test
+talks through :class:`Peer`, which checks every response it gets against the official
+schema, and reads what the agent really received from the fake agent's ``--record`` file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Final
 
 import trio
 import trio.testing
+from memory_agent import ScriptedSpawner
 from schema import validate_agent_frame, validate_initialize_response
 
 from acp_bridge.client import AcpClient, connect, spawn_bridge
@@ -198,18 +200,19 @@ async def bridge_in_process(
     registry: AdapterRegistry | None = None,
     **options: Any,
 ) -> AsyncIterator[Peer]:
-    """A bridge over in-memory streams in front of a fake agent subprocess."""
+    """A bridge over in-memory streams in front of the fake agent as a coroutine."""
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     to_client_send, to_client_receive = trio.testing.memory_stream_one_way_pair()
     tee = Tee(to_client_receive)
-    bridge = Bridge(
-        BridgeOptions(agent_argv=agent.argv(), shutdown_grace=5.0, **options),
-        to_bridge_receive,
-        to_client_send,
-        Lifecycle(store, AGENT_NAME),
-        registry=registry,
-    )
     async with trio.open_nursery() as nursery:
+        bridge = Bridge(
+            BridgeOptions(agent_argv=agent.argv(), shutdown_grace=5.0, **options),
+            to_bridge_receive,
+            to_client_send,
+            Lifecycle(store, AGENT_NAME),
+            registry=registry,
+            spawner=ScriptedSpawner(nursery),
+        )
         nursery.start_soon(partial(bridge.run, watch_signals=False))
         async with connect(to_bridge_send, tee) as client:
             yield Peer(client, version, tee)

@@ -13,19 +13,30 @@ request and answers with the client's result). ``session/new`` answers ``sess-N`
 ``session/cancel``. ``protocol_version=2`` answers ``initialize`` in version 2's shape
 (``info``, ``capabilities.session``). ``initialize_gate``: an event ``initialize`` is
 answered only once set; :meth:`MemoryAgent.exit` ends it as a crash would.
+
+:class:`ScriptedAgent` is ``tests/fake_agent.py`` itself (its :class:`~fake_agent.Script`)
+as a coroutine, started from that file's command line by :class:`ScriptedSpawner`: tests
+written against the subprocess run unchanged without one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
+import fake_agent
 import trio
 import trio.testing
 
 from acp_bridge import jsonrpc
+from acp_bridge.agent_process import EOF_WAIT
 from acp_bridge.relay import AgentHandle
+
+FAKE_AGENT: Final = Path(fake_agent.__file__).resolve()
 
 
 class MemoryAgent:
@@ -235,6 +246,130 @@ class MemorySpawner:
         self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
     ) -> AgentHandle:
         agent = MemoryAgent(argv, env, **self.agent_options)
+        self.agents.append(agent)
+        self.nursery.start_soon(agent.run)
+        return agent
+
+
+class ScriptedAgent:
+    """``tests/fake_agent.py`` run as a coroutine: the same :class:`Script` answers, read
+    from the same command line, over in-memory streams (implements ``AgentHandle``).
+
+    What the process would write to files it writes too (``--record``, ``--sent``;
+    ``--pidfile`` gets the made-up pid). Stopping goes as :class:`AgentProcess` stops a
+    process: stdin closed, then after ``EOF_WAIT`` a SIGTERM (ignored under
+    ``--ignore-term``), then after ``grace`` a SIGKILL. A grandchild needs a process: those
+    options are refused.
+    """
+
+    _pids = 20_000
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        if len(argv) < 2 or Path(argv[1]).resolve() != FAKE_AGENT:
+            raise ValueError(f"not a command of tests/fake_agent.py: {list(argv)}")
+        self.args = fake_agent.parser().parse_args(list(argv[2:]))
+        if self.args.grandchild_pidfile:
+            raise ValueError("a grandchild needs a real process")
+        ScriptedAgent._pids += 1
+        self.pid = ScriptedAgent._pids
+        self.argv = list(argv)
+        self.script = fake_agent.Script.of(self.args)
+        self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
+        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
+        self.received_raw: list[bytes] = []
+        self.sent_raw: list[bytes] = []
+        self.terminated_by_bridge = False
+        self.returncode: int | None = None
+        self._exited = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+        if self.args.pidfile:
+            Path(self.args.pidfile).write_text(str(self.pid))
+
+    async def run(self) -> None:
+        try:
+            with self._cancel_scope:
+                await self._serve()
+                self.returncode = self.args.eof_exit_code
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._output.aclose()
+                await self._input.aclose()
+            if self.returncode is None:
+                self.returncode = -9
+            self._exited.set()
+
+    async def _serve(self) -> None:
+        buffer = b""
+        while True:
+            data = await self._input.receive_some(1 << 16)
+            if not data:
+                break
+            buffer += data
+            while (end := buffer.find(b"\n")) >= 0:
+                raw, buffer = buffer[: end + 1], buffer[end + 1 :]
+                await self._on_line(raw)
+        if buffer:
+            await self._on_line(buffer)  # the last line, without its newline
+        if self.args.ignore_eof:
+            await trio.sleep_forever()
+
+    async def _on_line(self, raw: bytes) -> None:
+        self.received_raw.append(raw)
+        if self.args.record:
+            with open(self.args.record, "ab") as record:
+                record.write(raw if raw.endswith(b"\n") else raw + b"\n")
+        for item in self.script.on_line(raw):
+            if isinstance(item, fake_agent.Exit):
+                self.exit(item.code)
+                await trio.lowlevel.checkpoint()
+                return
+            self.sent_raw.append(item)
+            if self.args.sent:
+                with open(self.args.sent, "ab") as sent:
+                    sent.write(item + b"\n")
+            await self._output.send_all(item + b"\n")
+
+    def exit(self, status: int) -> None:
+        """End now: nothing more is read or answered, stdout is closed."""
+        if self.returncode is None:
+            self.returncode = status
+        self._cancel_scope.cancel()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    async def _exited_within(self, seconds: float) -> bool:
+        with trio.move_on_after(seconds):
+            await self._exited.wait()
+        return self._exited.is_set()
+
+    async def stop(self, grace: float) -> int:
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.stdin.aclose()
+            if not await self._exited_within(min(EOF_WAIT, grace)):
+                self.terminated_by_bridge = True
+                if not self.args.ignore_term:
+                    self.exit(-signal.SIGTERM)
+                if not await self._exited_within(grace):
+                    self.exit(-signal.SIGKILL)
+            status = await self.wait()
+        return status
+
+
+class ScriptedSpawner:
+    """Starts a :class:`ScriptedAgent` for each ``tests/fake_agent.py`` command."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.agents: list[ScriptedAgent] = []
+
+    async def __call__(
+        self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
+    ) -> AgentHandle:
+        agent = ScriptedAgent(argv)
         self.agents.append(agent)
         self.nursery.start_soon(agent.run)
         return agent
