@@ -1,19 +1,23 @@
-"""Shared fixtures: the bridge CLI as a subprocess in front of ``tests/fake_agent.py``.
+"""Shared fixtures: a bridge in front of ``tests/fake_agent.py``, spoken to in raw lines.
 
 ``open_bridge`` starts ``python -m acp_bridge`` with a throw-away config and session store,
 gives the test the raw byte streams (tests assert on exact bytes), and on the way out makes
-sure no process it started is left running, whatever the test did.
+sure no process it started is left running, whatever the test did. ``open_memory_bridge``
+gives the same streams with no process: the runtime in this process, configured from the
+same file, in front of the fake agent run as a coroutine.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,15 @@ from typing import Any
 import process_report
 import pytest
 import trio
+import trio.testing
 import yaml
+from memory_agent import ScriptedAgent, ScriptedSpawner
 
+from acp_bridge.cli import make_tracer, resolve_runtime
 from acp_bridge.framing import Line, LineSplitter
+from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.relay import Bridge
+from acp_bridge.store import SessionStore
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 
@@ -57,12 +67,11 @@ def pid_alive(pid: int) -> bool:
 
 
 @dataclass
-class RunningBridge:
-    """A bridge subprocess, spoken to in raw lines; files the fake agent writes live in ``dir``."""
+class BridgeLines:
+    """A bridge spoken to in raw lines through ``stdin`` and ``stdout``; files the fake
+    agent writes live in ``dir``."""
 
-    process: trio.Process
     dir: Path
-    stderr_path: Path
     sent: bytearray = field(default_factory=bytearray)  # every byte the client wrote
     received: bytearray = field(default_factory=bytearray)  # every byte the client read
     _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(1 << 30))
@@ -72,13 +81,11 @@ class RunningBridge:
 
     @property
     def stdin(self) -> trio.abc.SendStream:
-        assert self.process.stdin is not None
-        return self.process.stdin
+        raise NotImplementedError
 
     @property
     def stdout(self) -> trio.abc.ReceiveStream:
-        assert self.process.stdout is not None
-        return self.process.stdout
+        raise NotImplementedError
 
     # ----------------------------------------------------------------- writing
 
@@ -148,12 +155,34 @@ class RunningBridge:
         return lines
 
     async def wait(self) -> int:
-        return await self.process.wait()
-
-    # ------------------------------------------------------------ the agent
+        """The bridge's exit status, once it has exited."""
+        raise NotImplementedError
 
     def file(self, name: str) -> Path:
         return self.dir / name
+
+
+@dataclass
+class RunningBridge(BridgeLines):
+    """A bridge subprocess (``python -m acp_bridge``) in front of ``tests/fake_agent.py``."""
+
+    process: trio.Process = field(kw_only=True)
+    stderr_path: Path = field(kw_only=True)
+
+    @property
+    def stdin(self) -> trio.abc.SendStream:
+        assert self.process.stdin is not None
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    # ------------------------------------------------------------ the agent
 
     def pids(self) -> list[int]:
         """The agent's pid and its grandchild's, as far as they were written."""
@@ -186,6 +215,9 @@ def fake_agent_argv(directory: Path, *extra: str, grandchild: bool = False) -> l
 
 
 OpenBridge = Callable[..., Any]
+OpenMemoryBridge = Callable[..., AbstractAsyncContextManager["MemoryBridge"]]
+# What keeps a bridge away from the user's own config and state (see bridge_env).
+PRIVATE_ENV = ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
 
 
 @pytest.fixture
@@ -254,7 +286,7 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
                 stderr=stderr,
                 env=bridge_env,
             )
-        bridge = RunningBridge(process, directory, stderr_path)
+        bridge = RunningBridge(directory, process=process, stderr_path=stderr_path)
         started.append(bridge)
         try:
             yield bridge
@@ -278,6 +310,130 @@ async def _reap(bridge: RunningBridge) -> None:
             os.killpg(pid, signal.SIGKILL)
         with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class MemoryBridge(BridgeLines):
+    """The bridge's runtime in this process, configured from the same file the command line
+    reads, over in-memory streams, in front of ``tests/fake_agent.py`` run as a coroutine
+    (``memory_agent.ScriptedAgent``): no process. ``stderr()`` is what it logged, in the
+    command line's format."""
+
+    to_bridge: trio.abc.SendStream = field(kw_only=True)
+    from_bridge: trio.abc.ReceiveStream = field(kw_only=True)
+    spawner: ScriptedSpawner = field(kw_only=True)
+    log: io.StringIO = field(kw_only=True)
+    status: int | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def stdin(self) -> trio.abc.SendStream:
+        return self.to_bridge
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self.from_bridge
+
+    async def wait(self) -> int:
+        await self.finished.wait()
+        assert self.status is not None
+        return self.status
+
+    @property
+    def agents(self) -> list[ScriptedAgent]:
+        """Every agent the bridge started, in order."""
+        return self.spawner.agents
+
+    def stderr(self) -> str:
+        return self.log.getvalue()
+
+
+@pytest.fixture
+async def open_memory_bridge(
+    tmp_path: Path, bridge_env: dict[str, str]
+) -> AsyncIterator[OpenMemoryBridge]:
+    """``open_bridge`` without a process: ``async with open_memory_bridge(*fake_agent_args,
+    config={...}) as bridge:``. ``bridge_args`` may hold ``--trace PATH``; what needs a
+    process (a grandchild, another agent command, the early initialize) is refused."""
+    counter = 0
+
+    @asynccontextmanager
+    async def opener(
+        *agent_args: str, config: dict[str, Any] | None = None, bridge_args: Sequence[str] = ()
+    ) -> AsyncIterator[MemoryBridge]:
+        nonlocal counter
+        counter += 1
+        directory = tmp_path / f"bridge-{counter}"
+        directory.mkdir()
+        config_path = directory / "config.yaml"
+        config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+        trace: Path | None = None
+        if bridge_args:
+            assert bridge_args[0] == "--trace" and len(bridge_args) == 2, bridge_args
+            trace = Path(bridge_args[1])
+        argv = fake_agent_argv(directory, *agent_args)
+        runtime = resolve_runtime(
+            argv,
+            agent_name=None,
+            config_file=config_path,
+            adapter=None,
+            state=None,
+            no_override=None,
+            on_omitted=None,
+            log_level=None,
+            variables={
+                key: bridge_env[key] for key in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
+            },
+        )
+        log = io.StringIO()
+        handler = logging.StreamHandler(log)
+        handler.setFormatter(logging.Formatter("acp-bridge: %(levelname)s %(name)s: %(message)s"))
+        logger = logging.getLogger("acp_bridge")
+        level = logger.level
+        logger.setLevel(runtime.config.bridge.log_level.upper())
+        logger.addHandler(handler)
+        to_bridge, bridge_in = trio.testing.memory_stream_one_way_pair()
+        bridge_out, from_bridge = trio.testing.memory_stream_one_way_pair()
+        tracer = make_tracer(runtime, trace, False)
+        try:
+            with SessionStore(runtime.state) as store:
+                async with trio.open_nursery() as nursery:
+                    spawner = ScriptedSpawner(nursery)
+                    bridge = MemoryBridge(
+                        directory,
+                        to_bridge=to_bridge,
+                        from_bridge=from_bridge,
+                        spawner=spawner,
+                        log=log,
+                    )
+                    relay = Bridge(
+                        runtime.options,
+                        bridge_in,
+                        bridge_out,
+                        Lifecycle.for_command(store, argv),
+                        registry=runtime.registry,
+                        tracer=tracer,
+                        spawner=spawner,
+                    )
+
+                    async def run() -> None:
+                        try:
+                            bridge.status = await relay.run(watch_signals=False)
+                        finally:
+                            # As the process's streams close when it exits.
+                            await bridge_out.aclose()
+                            bridge.finished.set()
+
+                    nursery.start_soon(run)
+                    yield bridge
+                    # As _reap kills a process left running: the test is over.
+                    nursery.cancel_scope.cancel()
+        finally:
+            tracer.close()
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+    yield opener
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ async def open_connect(
             stderr=stderr,
             env=env,
         )
-    editor = RunningBridge(process, directory, stderr_path)
+    editor = RunningBridge(directory, process=process, stderr_path=stderr_path)
     try:
         yield editor
     finally:

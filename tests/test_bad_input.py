@@ -1,4 +1,8 @@
-"""Each bad input has a defined outcome, and the bridge keeps serving after it."""
+"""Each bad input has a defined outcome, and the bridge keeps serving after it.
+
+The bridge runs in memory in front of the fake agent as a coroutine; only the shutdown
+tests whose agent leaves a grandchild process start processes.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,17 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import OpenBridge, RunningBridge, pid_alive
+from conftest import BridgeLines, OpenBridge, OpenMemoryBridge, pid_alive
 
 INVALID_REQUEST = -32600
 
 
-async def still_serving(bridge: RunningBridge, request_id: Any = "alive") -> None:
+async def still_serving(bridge: BridgeLines, request_id: Any = "alive") -> None:
     await bridge.request(request_id, "_test/echo", {"still": "here"})
     assert (await bridge.response_to(request_id))["result"] == {"still": "here"}
 
 
-def agent_received(bridge: RunningBridge) -> bytes:
+def agent_received(bridge: BridgeLines) -> bytes:
     return bridge.file("agent-received").read_bytes()
 
 
@@ -27,10 +31,10 @@ def agent_received(bridge: RunningBridge) -> bytes:
     ids=["truncated", "words", "bad-utf8", "deep-nesting", "unterminated-no-id"],
 )
 async def test_malformed_json_gets_parse_error_with_null_id(
-    open_bridge: OpenBridge, line: bytes
+    open_memory_bridge: OpenMemoryBridge, line: bytes
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(line)
             error = await bridge.receive()
             assert error["id"] is None
@@ -40,10 +44,10 @@ async def test_malformed_json_gets_parse_error_with_null_id(
 
 
 async def test_malformed_json_that_named_its_id_first_is_answered_with_it(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             for line, request_id in (
                 (b'{"jsonrpc":"2.0","id":1,"method":"x"', 1),
                 (b'{"jsonrpc":"2.0","id":"u8","method":"x","params":{"t":"\xff"}}', "u8"),
@@ -56,10 +60,10 @@ async def test_malformed_json_that_named_its_id_first_is_answered_with_it(
 
 @pytest.mark.parametrize("line", [b"42", b'"a string"', b"[]", b"null", b"true"])
 async def test_non_object_gets_invalid_request_with_null_id(
-    open_bridge: OpenBridge, line: bytes
+    open_memory_bridge: OpenMemoryBridge, line: bytes
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(line)
             error = await bridge.receive()
             assert error == {
@@ -73,10 +77,10 @@ async def test_non_object_gets_invalid_request_with_null_id(
 
 @pytest.mark.parametrize("bad_id", ["{}", "[1]", "true", "1.5"])
 async def test_invalid_id_types_get_invalid_request_with_null_id(
-    open_bridge: OpenBridge, bad_id: str
+    open_memory_bridge: OpenMemoryBridge, bad_id: str
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(
                 b'{"jsonrpc":"2.0","id":%s,"method":"_test/echo"}' % bad_id.encode()
             )
@@ -86,10 +90,10 @@ async def test_invalid_id_types_get_invalid_request_with_null_id(
 
 
 async def test_invalid_shape_with_readable_id_is_answered_with_that_id(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(b'{"jsonrpc":"2.0","id":"mine","method":7}')
             error = await bridge.receive()
             assert error["id"] == "mine" and error["error"]["code"] == INVALID_REQUEST
@@ -97,11 +101,11 @@ async def test_invalid_shape_with_readable_id_is_answered_with_that_id(
 
 
 async def test_overlong_client_line_gets_invalid_request_and_bridge_keeps_serving(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     limit = 1000
     with trio.fail_after(30):
-        async with open_bridge(config={"line_limit": limit}) as bridge:
+        async with open_memory_bridge(config={"line_limit": limit}) as bridge:
             long_line = json.dumps(
                 {
                     "jsonrpc": "2.0",
@@ -121,10 +125,10 @@ async def test_overlong_client_line_gets_invalid_request_and_bridge_keeps_servin
 
 @pytest.mark.parametrize("method", [b'["x"]', b"{}"], ids=["list", "object"])
 async def test_batch_member_with_a_method_that_is_not_a_string_is_refused_alone(
-    open_bridge: OpenBridge, method: bytes
+    open_memory_bridge: OpenMemoryBridge, method: bytes
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(
                 b'[{"jsonrpc":"2.0","id":1,"method":%s},'
                 b'{"jsonrpc":"2.0","id":2,"method":"_test/echo","params":{"n":2}}]' % method
@@ -139,10 +143,10 @@ async def test_batch_member_with_a_method_that_is_not_a_string_is_refused_alone(
 
 
 async def test_unhashable_cancel_request_id_passes_through_without_harm(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             for weird in (b"{}", b"[1,2]", b"null"):
                 await bridge.send_line(
                     b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":%s}}'
@@ -153,13 +157,15 @@ async def test_unhashable_cancel_request_id_passes_through_without_harm(
             assert agent_received(bridge).count(b"$/cancel_request") == 3
 
 
-async def test_garbage_from_agent_never_reaches_client(open_bridge: OpenBridge) -> None:
+async def test_garbage_from_agent_never_reaches_client(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
     garbage = [
         *("not json", "{", "42", "[]", '"text"', '{"neither":"request nor response"}'),
         *('{"jsonrpc":"2.0","id":{},"method":"x"}', "[" * 50_000, "Loading model...\t"),
     ]
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.request(1, "_test/emit", {"lines": garbage})
             response = await bridge.receive()
             assert response == {"jsonrpc": "2.0", "id": 1, "result": {}}
@@ -173,10 +179,10 @@ async def test_garbage_from_agent_never_reaches_client(open_bridge: OpenBridge) 
     assert bridge.stderr().count("dropped a line that is not JSON-RPC") == len(garbage)
 
 
-async def test_unknown_methods_pass_through_both_ways(open_bridge: OpenBridge) -> None:
+async def test_unknown_methods_pass_through_both_ways(open_memory_bridge: OpenMemoryBridge) -> None:
     note = b'{"jsonrpc":"2.0","method":"_acme/notify","params":{"_meta":{"k":"v"}}}'
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.send_line(b'{"jsonrpc":"2.0","id":5,"method":"acme/unknown","params":{}}')
             assert (await bridge.response_to(5))["error"]["code"] == -32601
             await bridge.request(6, "_test/emit", {"lines": [note.decode()]})
@@ -186,10 +192,10 @@ async def test_unknown_methods_pass_through_both_ways(open_bridge: OpenBridge) -
 
 
 async def test_dying_agent_fails_every_pending_request_with_its_exit_status(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await still_serving(bridge, "warm-up")
             for request_id in ("a", 2, "acp-bridge-1"):
                 await bridge.request(request_id, "_test/hang")
@@ -202,7 +208,7 @@ async def test_dying_agent_fails_every_pending_request_with_its_exit_status(
         assert error["code"] == -32603
         assert "exited with status 3" in error["message"]
         assert error["data"] == {"exitStatus": 3}
-    assert not any(pid_alive(pid) for pid in bridge.pids())
+    assert not any(agent.returncode is None for agent in bridge.agents)
 
 
 async def test_client_closing_stdin_mid_stream_shuts_down_in_order(
@@ -232,9 +238,11 @@ async def test_client_closing_its_read_end_shuts_down_in_order(open_bridge: Open
             assert not any(pid_alive(pid) for pid in bridge.pids())
 
 
-async def test_batch_holding_a_session_request_is_refused_whole(open_bridge: OpenBridge) -> None:
+async def test_batch_holding_a_session_request_is_refused_whole(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.request(0, "initialize", {"protocolVersion": 2})
             await bridge.response_to(0)
             batch = [

@@ -49,7 +49,7 @@ async def open_cli(args: list[str], env: dict[str, str], directory: Path) -> Run
             stderr=stderr,
             env=env,
         )
-    return RunningBridge(process, directory, stderr_path)
+    return RunningBridge(directory, process=process, stderr_path=stderr_path)
 
 
 def trial_env(bridge_env: dict[str, str]) -> tuple[dict[str, str], str]:
