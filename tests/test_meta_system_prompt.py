@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import pytest
+from conftest import OpenMemoryBridge
 
 from acp_bridge.system_prompt import PromptRejected, parse_system_prompt, take_system_prompt
 
@@ -149,10 +150,10 @@ CLAUDE_NATIVE_CAPS = json.dumps(
     ids=["string", "append-object"],
 )
 async def test_claudes_own_meta_system_prompt_is_forwarded_byte_for_byte(
-    open_bridge: Any, meta_prompt: str
+    open_memory_bridge: OpenMemoryBridge, meta_prompt: str
 ) -> None:
     agent_args = ("--name", "@agentclientprotocol/claude-agent-acp", "--caps", CLAUDE_NATIVE_CAPS)
-    async with open_bridge(*agent_args) as bridge:
+    async with open_memory_bridge(*agent_args) as bridge:
         await bridge.request(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         initialized = await bridge.response_to(1)
         assert initialized["result"]["agentCapabilities"]["_meta"]["acp-bridge"]["adapter"] == (

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 import trio
-from conftest import FAKE_AGENT, OpenBridge
+from conftest import FAKE_AGENT, OpenBridge, OpenMemoryBridge
 
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.jsonrpc import JsonObject
@@ -127,13 +127,13 @@ def test_the_command_names_a_trace_file_it_cannot_open(tmp_path: Path) -> None:
 
 
 async def test_first_turn_block_sent_to_the_agent_is_redacted(
-    open_bridge: OpenBridge, tmp_path: Path
+    open_memory_bridge: OpenMemoryBridge, tmp_path: Path
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     prompt = {"mode": "append", "content": [{"type": "text", "text": SECRET}]}
     turn = {"sessionId": "sess-1", "prompt": [{"type": "text", "text": "hi"}]}
     frames = [INITIALIZE, new_session(prompt), request(3, "session/prompt", turn)]
-    await run_bridge(open_bridge, trace, frames)
+    await run_bridge(open_memory_bridge, trace, frames)
     # (the fake agent echoes its user turn back as agent text: that copy is the model's)
     assert not [
         e for e in traced(trace) if SECRET in json.dumps(e) and "update" not in json.dumps(e)
@@ -151,12 +151,12 @@ async def test_first_turn_block_sent_to_the_agent_is_redacted(
 
 
 async def test_claude_override_for_versions_that_pin_prompts_is_redacted(
-    open_bridge: OpenBridge, tmp_path: Path
+    open_memory_bridge: OpenMemoryBridge, tmp_path: Path
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     prompt = {"mode": "override", "content": [{"type": "text", "text": SECRET}]}
     await run_bridge(
-        open_bridge, trace, [INITIALIZE, new_session(prompt)], "--name", SUCCESSOR_NAME
+        open_memory_bridge, trace, [INITIALIZE, new_session(prompt)], "--name", SUCCESSOR_NAME
     )
     assert SECRET not in trace.read_text()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import OpenBridge, RunningBridge
+from conftest import BridgeLines, OpenMemoryBridge
 
 from acp_bridge import jsonrpc
 from acp_bridge.system_prompt import PromptRejected, parse_system_prompt
@@ -63,17 +63,17 @@ def test_prompt_with_a_lone_surrogate_is_refused_naming_the_block(where: str) ->
     assert caught.value.code == jsonrpc.INVALID_PARAMS
 
 
-async def still_serving(bridge: RunningBridge, request_id: object = "alive") -> None:
+async def still_serving(bridge: BridgeLines, request_id: object = "alive") -> None:
     await bridge.request(request_id, "_test/echo", {"still": "here"})
     assert (await bridge.response_to(request_id))["result"] == {"still": "here"}
 
 
 async def test_client_reusing_an_id_in_flight_with_a_lone_surrogate(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     # The second request's id is translated, so the bridge re-serialises that frame.
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.request(1, "_test/hold", {})
             await bridge.send_line(
                 b'{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"t":'
@@ -87,10 +87,12 @@ async def test_client_reusing_an_id_in_flight_with_a_lone_surrogate(
             await still_serving(bridge)
 
 
-async def test_trace_on_survives_a_lone_surrogate(open_bridge: OpenBridge, tmp_path: Path) -> None:
+async def test_trace_on_survives_a_lone_surrogate(
+    open_memory_bridge: OpenMemoryBridge, tmp_path: Path
+) -> None:
     trace = tmp_path / "trace.jsonl"
     with trio.fail_after(30):
-        async with open_bridge(bridge_args=["--trace", str(trace)]) as bridge:
+        async with open_memory_bridge(bridge_args=["--trace", str(trace)]) as bridge:
             await bridge.send_line(
                 b'{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{"t":'
                 + LONE_ESCAPED
@@ -102,10 +104,10 @@ async def test_trace_on_survives_a_lone_surrogate(open_bridge: OpenBridge, tmp_p
 
 
 async def test_session_prompt_with_a_lone_surrogate_is_refused_with_invalid_params(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.request(0, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
             await bridge.response_to(0)
             await bridge.send_line(
@@ -201,13 +203,13 @@ def test_prompt_with_a_lone_surrogate_outside_its_text_is_kept_and_can_be_writte
 
 
 async def test_agent_reusing_its_own_request_id_with_a_lone_surrogate(
-    open_bridge: OpenBridge,
+    open_memory_bridge: OpenMemoryBridge,
 ) -> None:
     # The second agent request reuses an id still in flight, so the bridge renames it and
     # re-serialises the frame.
     ask = {"id": "dup", "method": "_client/ask", "params": {"t": LONE}}
     with trio.fail_after(30):
-        async with open_bridge() as bridge:
+        async with open_memory_bridge() as bridge:
             await bridge.request(1, "_test/ask_client", ask)
             await bridge.request(2, "_test/ask_client", ask)
             asked = await bridge.receive_until(lambda m: m.get("method") == "_client/ask")
