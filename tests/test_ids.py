@@ -1,4 +1,7 @@
-"""Id spaces: the bridge's own requests and a second agent never collide with ids in flight."""
+"""Id spaces: the bridge's own requests and a second agent never collide with ids in flight.
+
+The bridge runs in this process in front of the fake agent run as a coroutine.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any
 
 import trio
 import trio.testing
+from memory_agent import ScriptedSpawner
 
 from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.relay import Bridge, BridgeOptions
@@ -48,8 +52,14 @@ async def running_bridge(record: Path) -> AsyncIterator[tuple[Bridge, Wire]]:
         shutdown_grace=0.3,
     )
     store = SessionStore(":memory:")
-    bridge = Bridge(options, to_bridge_receive, from_bridge_send, Lifecycle(store, "fake"))
     async with trio.open_nursery() as nursery:
+        bridge = Bridge(
+            options,
+            to_bridge_receive,
+            from_bridge_send,
+            Lifecycle(store, "fake"),
+            spawner=ScriptedSpawner(nursery),
+        )
         nursery.start_soon(partial(bridge.run, watch_signals=False))
         wire = Wire(to_bridge_send, from_bridge_receive)
         await wire.send({"jsonrpc": "2.0", "id": "warm", "method": "_test/echo", "params": {}})
