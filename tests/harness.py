@@ -249,10 +249,12 @@ async def bridge_process(
 
 @dataclass
 class Restart:
-    """Two ``bridge_process`` runs, one after the other, keeping sessions in one state file.
+    """Two bridge runs, one after the other, keeping sessions in one state file.
 
-    ``first`` is the fake agent before the restart and ``second`` the one after it, so a test
-    can tell what each bridge process sent. Each peer comes already initialized.
+    Each run is a bridge of its own (``bridge_in_process``) with its own connection to the
+    file, closed when the run ends, as a bridge process's is when it exits. ``first`` is the
+    fake agent before the restart and ``second`` the one after it, so a test can tell what
+    each bridge sent. Each peer comes already initialized.
     """
 
     home: Path
@@ -271,6 +273,7 @@ class Restart:
 
     @asynccontextmanager
     async def _bridge(self, agent: FakeAgent) -> AsyncIterator[Peer]:
-        async with bridge_process(agent, "--state", self.state, home=self.home) as peer:
-            await peer.initialize()
-            yield peer
+        with SessionStore(self.state) as store:
+            async with bridge_in_process(agent, store) as peer:
+                await peer.initialize()
+                yield peer

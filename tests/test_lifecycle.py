@@ -3,8 +3,8 @@
 new → prompt → load (omitted, same, different) → fork → close → delete, under both
 ``on_omitted`` policies, for the first-turn adapter (the prompt arrives in
 ``session/prompt``) and the native one (the ``systemPrompt`` field on each lifecycle
-request); then across a restart of the bridge process and with two bridge processes
-writing one state file at once.
+request); then across a restart of the bridge (a new one on the same state file) and with
+two bridge processes writing one state file at once. All but the last run in memory.
 """
 
 from __future__ import annotations
