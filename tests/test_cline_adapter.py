@@ -140,3 +140,16 @@ def test_a_primary_that_would_start_clines_hub_is_warned_about(
     with caplog.at_level(logging.WARNING):
         adapter_for({})
     assert "CLINE_SESSION_BACKEND_MODE=local" in caplog.text
+
+
+def test_removing_the_private_folder_leaves_the_users_own_folder_whole(
+    home: Path, private: PrivateDir
+) -> None:
+    adapter_for({"HOME": str(home)}).process_config(
+        SystemPrompt.of_text("append", "MARKER"), private
+    )
+    private.remove()
+    assert not private.path.exists()
+    assert (home / ".cline" / "hooks").is_dir()
+    assert (home / ".cline" / "data" / "settings").is_dir()
+    assert (home / ".cline" / "rules" / "mine.md").read_text() == "USER-RULE\n"
