@@ -284,10 +284,12 @@ def test_an_agent_that_starts_slowly_is_answered_by_the_runtime(
     tmp_path: Path, bridge_env: dict[str, str]
 ) -> None:
     """Once the runtime has loaded it waits for the answer itself, ready for the next
-    request (claude-agent-acp takes about a second to answer)."""
+    request (claude-agent-acp takes about a second to answer). The agent starts 3 s late:
+    on a loaded machine the runtime took up to 1.7 s to load, and the test is about what
+    happens after it has."""
     early, _ = both_ways(
-        tmp_path, bridge_env, slowly(fake_agent("--name", CLAUDE), 1.0),
-        [INITIALIZE, 1, SESSION_NEW, 2, "close"],
+        tmp_path, bridge_env, slowly(fake_agent("--name", CLAUDE), 3.0),
+        [INITIALIZE, 4, SESSION_NEW, 2, "close"],
     )  # fmt: skip
     assert BEGUN in early.stderr
 
