@@ -289,7 +289,7 @@ def test_an_agent_that_starts_slowly_is_answered_by_the_runtime(
     happens after it has."""
     early, _ = both_ways(
         tmp_path, bridge_env, slowly(fake_agent("--name", CLAUDE), 3.0),
-        [INITIALIZE, 4, SESSION_NEW, 2, "close"],
+        [INITIALIZE, 1, SESSION_NEW, 2, "close"],
     )  # fmt: skip
     assert BEGUN in early.stderr
 
