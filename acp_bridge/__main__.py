@@ -1,8 +1,8 @@
 """The ``acp-bridge`` command (the console entry, and ``python -m acp_bridge``).
 
 The agent is started, and the client's ``initialize`` answered, before anything heavy is
-imported where the command line allows it (:mod:`acp_bridge.launch`); then the command
-line proper takes over (:mod:`acp_bridge.cli`). This module sits above both: the library
+imported where the command line allows it (:mod:`acp_bridge.commands.launch`); then the command
+line proper takes over (:mod:`acp_bridge.commands.cli`). This module sits above both: the library
 never imports it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from acp_bridge import launch
+from acp_bridge.commands import launch
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
         # Ctrl-C while waiting for the agent: as the run command ends on it before it
         # listens for signals (the agent is stopped on the way out).
         sys.exit(128 + signal.SIGINT)
-    from acp_bridge.cli import main as cli_main
+    from acp_bridge.commands.cli import main as cli_main
 
     # The name the user typed, also when started as ``python -m acp_bridge``.
     cli_main(prog_name="acp-bridge")

@@ -16,32 +16,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
+# Re-exported: adapters name Delivery through the adapter interface.
+from acp_bridge.core.capabilities import Delivery as Delivery  # noqa: PLC0414
 from acp_bridge.core.exits import describe_exit
-from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject
 
 if TYPE_CHECKING:
     # Only named here: the bridge answers ``initialize`` before the validation models
     # (pydantic) are loaded, and choosing an adapter must not load them.
-    from acp_bridge.system_prompt import SystemPrompt
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """What an adapter can really deliver to its agent."""
-
-    append: bool = True
-    override: bool = False
-    custom_modes: tuple[str, ...] = ()
-    """Modes of the agent's own (``_``-prefixed, advertised in its capability's ``mode``
-    map) that the adapter passes on untouched: the schema leaves them to implementations."""
-
-    def accepts(self, mode: str) -> bool:
-        """Whether a prompt in ``mode`` can be delivered."""
-        if mode == "append":
-            return self.append
-        if mode == "override":
-            return self.override
-        return mode in self.custom_modes
+    from acp_bridge.core.system_prompt import SystemPrompt
 
 
 class ReopenLimit(str):
@@ -302,7 +285,8 @@ class Adapter:
 
     def redact(self, direction: str, message: JsonObject) -> JsonObject:
         """``message`` as ``--trace`` may show it: a copy without the prompt text in this
-        adapter's own wire forms (``acp_bridge.trace.redact_at`` helps). Never edit in place.
+        adapter's own wire forms (``acp_bridge.runtime.trace.redact_at`` helps). Never edit
+        in place.
 
         ``direction`` is the trace's (``"bridge->agent"``, ``"agent->client"``, …). The
         client's own forms (``systemPrompt``, ``_meta.systemPrompt``) are already redacted

@@ -5,7 +5,8 @@ Each built-in adapter lives in the module named after it, ``-`` spelt ``_`` (``f
 in ``adapters/first_turn.py``, installed as ``acp_bridge.adapters.first_turn``; a test holds
 every built-in adapter to this). So a name given on the command line can be checked, and
 its adapter loaded alone, before trio, pydantic and the other adapters are imported
-(:mod:`acp_bridge.launch`, :mod:`acp_bridge.early_initialize`, :mod:`acp_bridge.registry`).
+(:mod:`acp_bridge.commands.launch`, :mod:`acp_bridge.runtime.early_initialize`,
+:mod:`acp_bridge.registry`).
 
 The automatic choice (spec section 7: the adapter that passes ``verify`` for the agent at
 hand) is decided here, from the agent's ``initialize`` answer, by :func:`choose`:
@@ -65,7 +66,7 @@ def choose(agent_name: str | None, advertises_system_prompt: bool) -> str:
 
     ``agent_name``: the name in its initialize answer, if any;
     ``advertises_system_prompt``: whether it advertises ``systemPrompt`` itself
-    (:func:`acp_bridge.capabilities.native_delivery` is not None).
+    (:func:`acp_bridge.core.capabilities.native_delivery` is not None).
     """
     if agent_name is not None and recognised(agent_name, advertises_system_prompt):
         return AGENTS[agent_name]

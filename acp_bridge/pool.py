@@ -17,7 +17,7 @@ serves such an agent with several processes behind one client connection:
   clear error; every process is stopped and every private file removed on shutdown.
 
 A subclass only says how a prompt becomes a process: :meth:`PoolAdapter.process_config`
-gets the prompt and a :class:`~acp_bridge.private_dirs.PrivateDir` (mode 0700, made for
+gets the prompt and a :class:`~acp_bridge.supervision.private_dirs.PrivateDir` (mode 0700, made for
 that one process, removed when it stops; a watchdog removes it should the bridge be
 killed, and a bridge starting with the same adapter removes what a dead one left) and
 returns the extra arguments and environment. Options come from
@@ -49,13 +49,13 @@ from acp_bridge.adapter import (
     LifecycleCall,
     Reply,
 )
-from acp_bridge.agent_process import AgentStartError
-from acp_bridge.agent_watchdog import Watchdog
-from acp_bridge.capabilities import agent_name
-from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
-from acp_bridge.private_dirs import PrivateDir as _PrivateDir
-from acp_bridge.private_dirs import sweep
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.capabilities import agent_name
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.supervision.agent_process import AgentStartError
+from acp_bridge.supervision.agent_watchdog import Watchdog
+from acp_bridge.supervision.private_dirs import PrivateDir as _PrivateDir
+from acp_bridge.supervision.private_dirs import sweep
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 
 # The answer when every process the pool may run holds a live session: a bound the client
 # can act on (close a session, reuse a prompt, try later), not a fault of the bridge, so

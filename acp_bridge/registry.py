@@ -24,8 +24,8 @@ from types import ModuleType
 from acp_bridge import builtin_adapters
 from acp_bridge.adapter import Adapter
 from acp_bridge.builtin_adapters import AUTO, FALLBACK, NATIVE
-from acp_bridge.capabilities import agent_name, native_delivery
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.core.capabilities import agent_name, native_delivery
+from acp_bridge.wire.jsonrpc import JsonObject
 
 __all__ = ["AUTO", "FALLBACK", "NATIVE", "AdapterNotFound", "AdapterRegistry", "builtin"]
 

@@ -36,10 +36,10 @@ from pydantic import (
     model_validator,
 )
 
-from acp_bridge.framing import DEFAULT_LINE_LIMIT, DEFAULT_STREAM_AFTER
-from acp_bridge.launch import default_config_file
-from acp_bridge.store import MEMORY, SessionStore
-from acp_bridge.system_prompt import DEFAULT_MAX_PROMPT_BYTES
+from acp_bridge.config_file import default_config_file
+from acp_bridge.core.system_prompt import DEFAULT_MAX_PROMPT_BYTES
+from acp_bridge.state.store import MEMORY, SessionStore
+from acp_bridge.wire.framing import DEFAULT_LINE_LIMIT, DEFAULT_STREAM_AFTER
 
 PRESETS_PACKAGE: Final = "acp_bridge.presets"
 # Applied in this order; later files override earlier ones.

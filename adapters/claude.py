@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from acp_bridge.adapter import Adapter, AgentError, AgentExited, Delivery, LifecycleCall, Reply
-from acp_bridge.capabilities import agent_name, is_v2, session_capabilities
-from acp_bridge.jsonrpc import JsonObject
-from acp_bridge.trace import redact_at
+from acp_bridge.core.capabilities import agent_name, is_v2, session_capabilities
+from acp_bridge.runtime.trace import redact_at
+from acp_bridge.wire.jsonrpc import JsonObject
 
 if TYPE_CHECKING:
     # Named only: choosing this adapter (even before the bridge has loaded) must not
     # load the validation models.
-    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.core.system_prompt import SystemPrompt
 
 LEGACY_NAMES: Final = frozenset(
     {"@zed-industries/claude-agent-acp", "@zed-industries/claude-code-acp"}

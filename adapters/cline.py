@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Final
 
 from acp_bridge.adapter import AdapterContext, Delivery
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 AGENT_NAME: Final = "cline"
 RULES: Final = "rules"

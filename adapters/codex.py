@@ -52,10 +52,10 @@ from typing import Final
 
 from acp_bridge.adapter import Delivery, LifecycleCall, ReopenLimit, Reply, put_prompt_back
 from acp_bridge.builtin_adapters import recognised
-from acp_bridge.capabilities import agent_name, native_delivery
-from acp_bridge.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonObject
+from acp_bridge.core.capabilities import agent_name, native_delivery
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, prompt_key
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonObject
 
 AGENT_NAME: Final = "codex-acp"
 # The TypeScript codex-acp on codex's app-server (2.x): configuration from the environment.

@@ -10,8 +10,8 @@ model's system slot, so only ``append`` is offered.
 from __future__ import annotations
 
 from acp_bridge.adapter import Adapter, AdapterContext, Delivery, LifecycleCall, Reply
-from acp_bridge.jsonrpc import JsonObject
-from acp_bridge.trace import redact_at
+from acp_bridge.runtime.trace import redact_at
+from acp_bridge.wire.jsonrpc import JsonObject
 
 
 class FirstTurnAdapter(Adapter):

@@ -39,9 +39,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 AGENT_NAME: Final = "gemini-cli"
 GEMINI_DIR: Final = ".gemini"

@@ -34,14 +34,14 @@ from acp_bridge.adapter import (
     LifecycleCall,
     Reply,
 )
-from acp_bridge.capabilities import agent_name, is_v2
-from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
-from acp_bridge.trace import redact_at
+from acp_bridge.core.capabilities import agent_name, is_v2
+from acp_bridge.runtime.trace import redact_at
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
 
 if TYPE_CHECKING:
     # Named only: choosing this adapter (even before the bridge has loaded) must not
     # load the validation models.
-    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.core.system_prompt import SystemPrompt
 
 AGENT_NAME: Final = "goose"
 SET_METHOD: Final = "_goose/unstable/session/system-prompt/set"

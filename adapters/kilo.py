@@ -32,9 +32,9 @@ import os
 from typing import Final
 
 from acp_bridge.adapter import Delivery
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 AGENT_NAME: Final = "Kilo"
 CONFIG_VARIABLE: Final = "KILO_CONFIG"

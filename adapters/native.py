@@ -12,8 +12,8 @@ The bridge still validates (it must not advertise more than the agent does, and
 from __future__ import annotations
 
 from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply, put_prompt_back
-from acp_bridge.capabilities import native_delivery
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.core.capabilities import native_delivery
+from acp_bridge.wire.jsonrpc import JsonObject
 
 
 class NativeAdapter(Adapter):

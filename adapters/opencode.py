@@ -33,9 +33,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 AGENT_NAME: Final = "OpenCode"
 CONFIG_VARIABLE: Final = "OPENCODE_CONFIG"

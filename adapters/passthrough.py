@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from acp_bridge.adapter import Adapter, Delivery
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.wire.jsonrpc import JsonObject
 
 
 class PassthroughAdapter(Adapter):

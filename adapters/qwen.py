@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AGENT_NAME: Final = "qwen-code"
 OVERRIDE_FILE: Final = "system.md"

@@ -29,8 +29,8 @@ from typing import Any
 
 import trio
 
-from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import open_model_endpoint
+from acp_bridge.runtime.client import AcpClient, spawn_bridge
 
 # tests/agents.py installs the pinned codex-acp and knows how to point it at the endpoint.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

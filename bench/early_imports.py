@@ -2,7 +2,7 @@
 
     python bench/early_imports.py [--agent-name NAME] [--native]
 
-Runs the early exchange (``acp_bridge.early_initialize``, as ``acp-bridge -- AGENT`` runs
+Runs the early exchange (``acp_bridge.runtime.early_initialize``, as ``acp-bridge -- AGENT`` runs
 it) in a fresh interpreter under ``python -X importtime``, in front of a stdlib agent that
 answers at once as ``NAME`` (default: a name no adapter knows, so ``first-turn`` is
 chosen), with the thread that loads the runtime meanwhile switched off: so the list is
@@ -39,7 +39,7 @@ os.write(client_writes, sys.argv[3].encode())
 client_reads, client_out = os.pipe()
 before = set(sys.modules)
 print("--- exchange", file=sys.stderr, flush=True)
-from acp_bridge import early_initialize
+from acp_bridge.runtime import early_initialize
 early_initialize._Loader._load = staticmethod(lambda: None)
 done = early_initialize.exchange(client_in, client_out, agent.stdin.fileno(), agent.stdout.fileno())
 print("--- answered" if done.answered else "--- not answered", file=sys.stderr, flush=True)

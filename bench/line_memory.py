@@ -15,8 +15,8 @@ import gc
 import resource
 import sys
 
-from acp_bridge import jsonrpc
-from acp_bridge.framing import Line, LineSplitter
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import Line, LineSplitter
 
 READ_CHUNK = 64 * 1024
 

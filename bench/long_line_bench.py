@@ -20,7 +20,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from acp_bridge.json_stream import LineValidator
+from acp_bridge.wire.json_stream import LineValidator
 
 MiB = 1024 * 1024
 

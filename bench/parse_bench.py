@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from acp_bridge import jsonrpc
 from acp_bridge.core.router import Router
-from acp_bridge.framing import LineSplitter
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import LineSplitter
 
 FRAMES: Final = {
     "agent_message_chunk": {

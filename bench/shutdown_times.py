@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from acp_bridge.agent_watchdog import process_table
+from acp_bridge.supervision.agent_watchdog import process_table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

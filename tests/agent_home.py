@@ -20,8 +20,8 @@ import trio
 from acp_requests import prompt_params, session_params
 from bridge_cli import bridge_command, isolated_env
 
-from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.runtime.client import AcpClient, spawn_bridge
 
 INITIALIZE_TIMEOUT = 120.0
 

@@ -29,11 +29,11 @@ import trio.testing
 import yaml
 from memory_agent import ScriptedAgent, ScriptedSpawner
 
-from acp_bridge.cli import make_tracer, resolve_runtime
-from acp_bridge.framing import Line, LineSplitter
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.relay import Bridge
-from acp_bridge.store import SessionStore
+from acp_bridge.commands.cli import make_tracer, resolve_runtime
+from acp_bridge.runtime.relay import Bridge
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
+from acp_bridge.wire.framing import Line, LineSplitter
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 
@@ -261,7 +261,8 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
         config_path = directory / "config.yaml"
         config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
         # Without a configuration file the bridge may answer initialize before it has
-        # loaded (acp_bridge.early_initialize); a file of any content leaves it to the runtime.
+        # loaded (acp_bridge.runtime.early_initialize); a file of any content leaves it to
+        # the runtime.
         config_args = ["--config", str(config_path)] if config_file else ["--state", ":memory:"]
         assert config_file or not config
         argv = (

@@ -24,13 +24,13 @@ import trio.testing
 from memory_agent import ScriptedSpawner
 from schema import validate_agent_frame, validate_initialize_response
 
-from acp_bridge.client import AcpClient, connect, spawn_bridge
-from acp_bridge.jsonrpc import JsonObject
-from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.runtime.client import AcpClient, connect, spawn_bridge
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
+from acp_bridge.wire.jsonrpc import JsonObject
 
 FAKE_AGENT: Final = Path(__file__).with_name("fake_agent.py")
 AGENT_NAME: Final = "fake-agent"

@@ -1,6 +1,6 @@
 """An ACP agent that runs as a coroutine over in-memory streams: no process, no sleeps.
 
-:func:`memory_spawner` plugs it into :class:`~acp_bridge.relay.Bridge` through the
+:func:`memory_spawner` plugs it into :class:`~acp_bridge.runtime.relay.Bridge` through the
 injectable spawner, so runtime tests run under trio's ``MockClock``. It answers like
 ``tests/fake_agent.py`` (the subprocess double the CLI tests use) for what those tests
 need, and logs every message it receives in :attr:`MemoryAgent.received`.
@@ -32,9 +32,9 @@ import fake_agent
 import trio
 import trio.testing
 
-from acp_bridge import jsonrpc
-from acp_bridge.agent_process import EOF_WAIT
-from acp_bridge.relay import AgentHandle
+from acp_bridge.runtime.relay import AgentHandle
+from acp_bridge.supervision.agent_process import EOF_WAIT
+from acp_bridge.wire import jsonrpc
 
 FAKE_AGENT: Final = Path(fake_agent.__file__).resolve()
 

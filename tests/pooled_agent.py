@@ -20,8 +20,8 @@ from acp_requests import append, override, prompt_params, session_params
 from agent_processes import live_processes
 from bridge_cli import bridge_command
 
-from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import Flavour, ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.runtime.client import AcpClient, spawn_bridge
 
 TURN_TIMEOUT = 120.0
 

@@ -21,7 +21,7 @@ from harness import (
 
 from acp_bridge import __version__, builtin_adapters, registry
 from acp_bridge.adapter import Adapter
-from acp_bridge.capabilities import native_delivery
+from acp_bridge.core.capabilities import native_delivery
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 
 SHOUT_ADAPTER = textwrap.dedent(
@@ -29,7 +29,7 @@ SHOUT_ADAPTER = textwrap.dedent(
     """A user adapter: hands the prompt to the agent in upper case, in _meta."""
 
     from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
-    from acp_bridge.jsonrpc import JsonObject
+    from acp_bridge.wire.jsonrpc import JsonObject
 
 
     class ShoutAdapter(Adapter):

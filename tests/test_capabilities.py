@@ -26,8 +26,8 @@ from schema import validate_definition
 
 from acp_bridge import __version__
 from acp_bridge.adapter import Delivery
-from acp_bridge.capabilities import advertise
-from acp_bridge.store import SessionStore
+from acp_bridge.core.capabilities import advertise
+from acp_bridge.state.store import SessionStore
 
 # Everything an agent may say about itself; the bridge must keep all of it.
 RICH_CAPS: Final[dict[str, Any]] = {

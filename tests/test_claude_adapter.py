@@ -17,7 +17,7 @@ from acp_bridge.adapters.claude import (
     system_prompt_meta,
 )
 
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.system_prompt import SystemPrompt
 
 
 def initialize(name: str, version: str, **session: Any) -> dict[str, Any]:

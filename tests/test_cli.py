@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from acp_bridge.cli import main
-from acp_bridge.trace import redact
+from acp_bridge.commands.cli import main
+from acp_bridge.runtime.trace import redact
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
 OVERRIDE_CAPS = json.dumps({"sessionCapabilities": {"systemPrompt": {"mode": {"override": {}}}}})
@@ -190,8 +190,8 @@ def test_top_level_help_shows_the_run_options() -> None:
 
 
 def test_sessions_alone_lists_the_sessions(tmp_path: Path) -> None:
-    from acp_bridge.store import SessionStore
-    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.core.system_prompt import SystemPrompt
+    from acp_bridge.state.store import SessionStore
 
     state = tmp_path / "sessions.sqlite3"
     with SessionStore(str(state)) as store:

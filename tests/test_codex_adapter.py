@@ -32,15 +32,15 @@ from acp_bridge.adapters.codex import (  # type: ignore[import-not-found,unused-
 )
 from conftest import pid_alive
 
-from acp_bridge import jsonrpc
-from acp_bridge.client import AcpClient, ClientRequestError
-from acp_bridge.embedded import open_embedded_bridge
-from acp_bridge.jsonrpc import Kind
-from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PromptRefused
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.runtime.client import AcpClient, ClientRequestError
+from acp_bridge.runtime.embedded import open_embedded_bridge
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import Kind
 
 FAKE_CODEX = Path(__file__).with_name("fake_codex.py")
 TIMEOUT = 20.0

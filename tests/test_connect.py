@@ -19,11 +19,11 @@ from conftest import fake_agent_argv, pid_alive
 from harness import bridge_env
 from sidecar import INITIALIZE, open_connect, system_prompt
 
-from acp_bridge.connect import Outstanding, with_token
+from acp_bridge.commands.connect import Outstanding, with_token
+from acp_bridge.commands.serve import ListenAddress, ServeLimits, Server, serve
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import BridgeOptions
-from acp_bridge.serve import ListenAddress, ServeLimits, Server, serve
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.relay import BridgeOptions
+from acp_bridge.state.store import SessionStore
 
 NATIVE = json.dumps({"sessionCapabilities": {"systemPrompt": {}}})
 TOKEN = "c0nnect-t0ken"

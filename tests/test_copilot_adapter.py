@@ -22,10 +22,10 @@ from acp_bridge.adapters.copilot import (  # type: ignore[import-not-found,unuse
 from adapter_context import Context, ContextWithEnvironment
 
 from acp_bridge.adapter import Delivery
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PrivateDir, PromptRefused
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 TEXT = "  {{x}} $HOME\n---\n\t \n"
 INITIALIZE = {"agentInfo": {"name": "Copilot", "title": "Copilot", "version": "1.0.102"}}

@@ -1,4 +1,4 @@
-"""The initialize exchange done before the bridge loads (acp_bridge.early_initialize).
+"""The initialize exchange done before the bridge loads (acp_bridge.runtime.early_initialize).
 
 Each case runs the bridge CLI twice in front of the same agent with the same client: once
 without a configuration file (the early exchange applies) and once with an empty one (the
@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 from conftest import FAKE_AGENT, pid_alive
 
-from acp_bridge import builtin_adapters, early_initialize, registry
+from acp_bridge import builtin_adapters, registry
 from acp_bridge.adapter import Adapter
+from acp_bridge.runtime import early_initialize
 
 INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
 SESSION_NEW = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'

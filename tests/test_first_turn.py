@@ -21,7 +21,7 @@ from harness import (
     wire_prompt,
 )
 
-from acp_bridge.store import SessionStore
+from acp_bridge.state.store import SessionStore
 
 PROMPT = ("Rule one.", "  Rule two, indented.\n", "{{ literal }}")
 OTHER = ("A different rule.",)
@@ -200,8 +200,8 @@ async def test_a_reused_session_id_after_restart_is_a_new_conversation(tmp_path:
 
 
 def test_store_starts_a_new_conversation_for_a_reused_id(tmp_path: Path) -> None:
-    from acp_bridge.lifecycle import Lifecycle
-    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.core.system_prompt import SystemPrompt
+    from acp_bridge.state.lifecycle import Lifecycle
 
     prompt = SystemPrompt.of_text("append", *PROMPT)
     with SessionStore(tmp_path / "state.db") as store:

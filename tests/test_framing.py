@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_bridge.framing import (
+from acp_bridge.wire.framing import (
     DEFAULT_LINE_LIMIT,
     JOIN_LIMIT,
     Item,

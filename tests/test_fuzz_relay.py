@@ -15,7 +15,7 @@ import trio
 import trio.testing
 from test_runtime import bridge_over_memory
 
-from acp_bridge import jsonrpc
+from acp_bridge.wire import jsonrpc
 
 SEED: Final = 20261201
 CLIENT_LINES: Final = 3000

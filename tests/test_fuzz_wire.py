@@ -24,10 +24,10 @@ from typing import Any, Final
 
 import pytest
 
-from acp_bridge import jsonrpc
-from acp_bridge.jsonrpc import FrameError, Kind
-from acp_bridge.system_prompt import PromptRejected, SystemPrompt, parse_system_prompt
-from acp_bridge.trace import Tracer, redact
+from acp_bridge.core.system_prompt import PromptRejected, SystemPrompt, parse_system_prompt
+from acp_bridge.runtime.trace import Tracer, redact
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import FrameError, Kind
 
 SEED: Final = 20261201
 FRAMES: Final = 12000

@@ -18,9 +18,9 @@ from acp_bridge.adapters.gemini import (  # type: ignore[import-not-found,unused
 )
 from acp_bridge.adapters.qwen import QwenAdapter  # type: ignore[import-not-found,unused-ignore]
 
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PrivateDir, PromptRefused
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.system_prompt import SystemPrompt
 
 
 def test_agents_are_chosen_by_their_agent_info_name() -> None:

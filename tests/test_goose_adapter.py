@@ -1,6 +1,6 @@
 """The goose adapter against a fake goose 1.52.0 (``tests/fake_goose.py``), bridge in process.
 
-Each test drives a real :class:`~acp_bridge.relay.Bridge` over in-memory streams, with the
+Each test drives a real :class:`~acp_bridge.runtime.relay.Bridge` over in-memory streams, with the
 fake goose as its agent subprocess, and asserts what goose holds (``_fake/system_prompt``)
 and which set calls it received. Template protection is also checked on its own.
 """
@@ -27,10 +27,10 @@ from acp_bridge.adapters.goose import (  # type: ignore[import-not-found,unused-
     protect_template,
 )
 
-from acp_bridge.client import AcpClient, ClientRequestError, connect
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.client import AcpClient, ClientRequestError, connect
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
 
 FAKE_GOOSE = Path(__file__).with_name("fake_goose.py")
 sys.path.insert(0, str(FAKE_GOOSE.parent))

@@ -1,4 +1,4 @@
-"""A peer that closed its end is noticed with its data still unread (acp_bridge.hangup)."""
+"""A peer that closed its end is noticed with its data still unread (acp_bridge.runtime.hangup)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import trio
 import trio.testing
 
-from acp_bridge.hangup import descriptor_of, wait_hangup
+from acp_bridge.runtime.hangup import descriptor_of, wait_hangup
 
 
 async def hung_up_after(fd: int, close_peer: Callable[[], None]) -> bool:

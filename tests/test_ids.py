@@ -17,9 +17,9 @@ import trio
 import trio.testing
 from memory_agent import ScriptedSpawner
 
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from acp_bridge import jsonrpc
-from acp_bridge.json_stream import CUT_METHOD, Large, LineValidator
-from acp_bridge.jsonrpc import FrameError
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.json_stream import CUT_METHOD, Large, LineValidator
+from acp_bridge.wire.jsonrpc import FrameError
 
 scalars = (
     st.none()

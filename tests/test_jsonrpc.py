@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from acp_bridge import jsonrpc
-from acp_bridge.jsonrpc import INVALID_REQUEST, PARSE_ERROR, FrameError, Kind
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import INVALID_REQUEST, PARSE_ERROR, FrameError, Kind
 
 
 def parse_error(raw: bytes) -> FrameError:

@@ -28,10 +28,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from acp_bridge.adapter import Delivery
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PrivateDir, PromptRefused
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AWKWARD = "{env:HOME} {file:/etc/hostname} ${env:HOME} {{y}} ${x}\n// {env:HOME}\n  {x}\n\n"
 BRACE = "/private/brace"

@@ -1,4 +1,4 @@
-"""Which command lines start the agent before the bridge has loaded (acp_bridge.launch)."""
+"""Which command lines start the agent before the bridge has loaded (acp_bridge.commands.launch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import pid_alive
 
-from acp_bridge.launch import agent_command
+from acp_bridge.commands.launch import agent_command
 
 
 @pytest.mark.parametrize(

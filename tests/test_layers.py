@@ -113,12 +113,68 @@ def test_no_import_cycles() -> None:
 
 
 def test_the_library_does_not_import_the_command_line() -> None:
-    """Only the console entry imports ``acp_bridge.cli``, and the command modules it
+    """Only the console entry imports ``acp_bridge.commands.cli``, and the command modules it
     loads by name (``verify``, which reuses the run command's options)."""
     importers = {
-        module for module, targets in import_graph(ROOT).items() if "acp_bridge.cli" in targets
+        module
+        for module, targets in import_graph(ROOT).items()
+        if "acp_bridge.commands.cli" in targets
     }
-    assert importers <= {"acp_bridge.__main__", "acp_bridge.verify"}
+    assert importers <= {"acp_bridge.__main__", "acp_bridge.commands.verify"}
+
+
+# The sub-packages from the bottom up: a module imports only from its own layer and those
+# below it. The modules at the top of ``acp_bridge`` (the adapter interface and the pool,
+# configuration, finding adapters) sit between supervision and the runtime, which drives
+# adapters; ``__main__`` is the console entry and may import anything.
+LAYERS = ("wire", "core", "state", "supervision", "", "runtime", "commands")
+RANKS = {"wire": 0, "core": 1, "state": 1, "supervision": 2, "": 3, "runtime": 4, "commands": 5}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of an ``acp_bridge`` module ("" for one at the top of the package), or
+    ``None`` for the built-in adapters, the model endpoint and the console entry."""
+    parts = module.split(".")
+    if parts[0] != "acp_bridge" or module in ("acp_bridge", "acp_bridge.__main__"):
+        return None
+    if parts[1] in RANKS:
+        return parts[1]
+    return "" if len(parts) == 2 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} ({layer or 'top'}) imports {target}"
+        for module, targets in graph.items()
+        if (layer := layer_of(module)) is not None
+        for target in sorted(targets)
+        if (target_layer := layer_of(target)) is not None
+        and RANKS[target_layer] > RANKS[layer]
+    ]
+
+
+def test_each_layer_imports_only_from_itself_and_below() -> None:
+    assert upward_imports(import_graph(ROOT)) == []
+    assert set(LAYERS) == set(RANKS)
+
+
+def test_an_import_from_a_higher_layer_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "acp_bridge"
+    for layer in ("wire", "core", "runtime"):
+        (package / layer).mkdir(parents=True)
+        (package / layer / "__init__.py").write_text("")
+    (tmp_path / "adapters").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text("def f():\n    from acp_bridge.runtime import relay\n")
+    (package / "runtime" / "relay.py").write_text("from acp_bridge.core import router\n")
+    (package / "core" / "router.py").write_text("from acp_bridge.wire import framing\n")
+    (package / "wire" / "framing.py").write_text("import acp_bridge.core.router\n")
+
+    assert set(upward_imports(import_graph(tmp_path))) == {
+        "acp_bridge.settings (top) imports acp_bridge.runtime",
+        "acp_bridge.settings (top) imports acp_bridge.runtime.relay",
+        "acp_bridge.wire.framing (wire) imports acp_bridge.core.router",
+    }
 
 
 def test_the_core_imports_no_io() -> None:

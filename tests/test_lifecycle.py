@@ -27,8 +27,8 @@ from harness import (
     wire_prompt,
 )
 
-from acp_bridge.store import SessionRecord, SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.state.store import SessionRecord, SessionStore
 
 P1 = ("You are terse.", "Answer in French.")
 P2 = ("You are verbose.",)

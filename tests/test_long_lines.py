@@ -17,11 +17,11 @@ import trio
 import trio.testing
 from test_runtime import bridge_over_memory
 
-from acp_bridge import jsonrpc
 from acp_bridge.core.pending import ForWaiter
 from acp_bridge.core.router import PRIMARY, Router
-from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
-from acp_bridge.framing import (
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
+from acp_bridge.wire.framing import (
     Line,
     LineSplitter,
     LongLineEnd,
@@ -29,7 +29,7 @@ from acp_bridge.framing import (
     LongLineStart,
     OverlongLine,
 )
-from acp_bridge.json_stream import CUT_METHOD, LineValidator
+from acp_bridge.wire.json_stream import CUT_METHOD, LineValidator
 
 MiB = 1024 * 1024
 

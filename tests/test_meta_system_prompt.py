@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import OpenMemoryBridge
 
-from acp_bridge.system_prompt import PromptRejected, parse_system_prompt, take_system_prompt
+from acp_bridge.core.system_prompt import PromptRejected, parse_system_prompt, take_system_prompt
 
 RFD = {"mode": "append", "content": [{"type": "text", "text": "Be brief."}]}
 

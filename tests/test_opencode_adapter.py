@@ -24,10 +24,10 @@ from acp_bridge.adapters.opencode import (  # type: ignore[import-not-found,unus
 )
 from adapter_context import Context, ContextWithEnvironment
 
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PrivateDir, PromptRefused
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 NASTY = (
     "---\ntitle: x\n---\n  {env:HOME} {file:/etc/hostname} {{x}} $HOME $& "

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from acp_bridge.jsonrpc import CANCEL_REQUEST, Frame, FrameError, Kind, parse, parse_in_full
+from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, Frame, FrameError, Kind, parse, parse_in_full
 
 WHITESPACE = st.sampled_from(["", "", "", " ", "  ", "\t", "\r", "\n"])
 

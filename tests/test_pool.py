@@ -23,8 +23,7 @@ import trio
 import trio.testing
 
 from acp_bridge.adapter import AgentError, AgentLink, Reply
-from acp_bridge.agent_process import AgentStartError
-from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import (
     AT_CAPACITY,
     PoolAdapter,
@@ -32,8 +31,9 @@ from acp_bridge.pool import (
     ProcessConfig,
     PromptRefused,
 )
-from acp_bridge.private_dirs import sweep
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.supervision.agent_process import AgentStartError
+from acp_bridge.supervision.private_dirs import sweep
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 
 _session_numbers = itertools.count(1)
 

@@ -18,11 +18,11 @@ from typing import Any
 import trio
 
 from acp_bridge.adapter import AgentLink
-from acp_bridge.client import AcpClient
-from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.pool import PoolAdapter
-from acp_bridge.relay import AgentConnection, Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.client import AcpClient
+from acp_bridge.runtime.embedded import open_embedded_bridge
+from acp_bridge.runtime.relay import AgentConnection, Bridge, BridgeOptions
+from acp_bridge.state.store import SessionStore
 
 FAKE_CODEX = Path(__file__).with_name("fake_codex.py")
 CYCLES = 12

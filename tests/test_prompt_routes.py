@@ -28,9 +28,9 @@ from acp_bridge.adapters.opencode import (  # type: ignore[import-not-found,unus
 from acp_bridge.adapters.qwen import QwenAdapter  # type: ignore[import-not-found,unused-ignore]
 from adapter_context import ContextWithEnvironment
 
-from acp_bridge.jsonrpc import INVALID_PARAMS
+from acp_bridge.core.system_prompt import Mode, SystemPrompt
 from acp_bridge.pool import PrivateDir, PromptRefused, check_process_config
-from acp_bridge.system_prompt import Mode, SystemPrompt
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 NUL_TEXT = "before\x00after"
 PROMPT_BLOCKS = ("Be brief.", NUL_TEXT)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from acp_bridge import jsonrpc
 from acp_bridge.core.router import CLIENT, Abandoned, Answered, Intercept, Router
+from acp_bridge.wire import jsonrpc
 
 
 class Wire:

@@ -15,11 +15,11 @@ from memory_agent import MemoryAgent, MemorySpawner
 from test_ids import Wire
 
 from acp_bridge.adapter import AdapterContext
-from acp_bridge.lifecycle import Lifecycle
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore, StoreError
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore, StoreError
 
 USER_ADAPTERS = Path(__file__).with_name("adapters")
 PROMPT = {"mode": "append", "content": [{"type": "text", "text": "Be brief."}]}

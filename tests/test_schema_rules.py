@@ -20,7 +20,7 @@ import pytest
 import trio
 from harness import TIMEOUT, FakeAgent, Restart, bridge_in_process, lifecycle_params, wire_prompt
 
-from acp_bridge.store import SessionStore
+from acp_bridge.state.store import SessionStore
 
 INVALID_PARAMS: Final = -32602
 TERSE: Final = "_example.org/terse"

@@ -16,11 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from acp_bridge.client import ClientRequestError, connect
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import BridgeOptions
-from acp_bridge.serve import (
+from acp_bridge.commands.serve import (
     ListenAddress,
     ListenError,
     ServeLimits,
@@ -29,7 +25,11 @@ from acp_bridge.serve import (
     open_listeners,
     serve,
 )
-from acp_bridge.store import SessionStore
+from acp_bridge.registry import AdapterRegistry
+from acp_bridge.runtime.client import ClientRequestError, connect
+from acp_bridge.runtime.relay import BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from acp_bridge.sessions_cli import sessions
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.commands.sessions_cli import sessions
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.state.store import SessionStore
 
 SECRET = "You are the secret persona Zorblax."
 PROMPT = SystemPrompt.of_text("append", SECRET, "Second block.")

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from acp_bridge import capabilities
 from acp_bridge.adapter import HOOKS, Adapter, AdapterContext, Delivery
-from acp_bridge.core import sessions
+from acp_bridge.core import capabilities, sessions
 from acp_bridge.core.sessions import (
     INITIALIZE,
     OPENING,
@@ -34,8 +33,8 @@ from acp_bridge.core.sessions import (
     intercepted_methods,
     withdraw_methods,
 )
-from acp_bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
-from acp_bridge.system_prompt import PromptRejected, SystemPrompt
+from acp_bridge.core.system_prompt import PromptRejected, SystemPrompt
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
 
 APPEND = SystemPrompt.of_text("append", "Be brief.")
 OTHER = SystemPrompt.of_text("append", "Answer in French.")

@@ -19,7 +19,7 @@ from acp_bridge.settings import (
     load_config,
     resolve_state,
 )
-from acp_bridge.store import SessionStore
+from acp_bridge.state.store import SessionStore
 
 # HOME is the user's own: verify keeps npx downloads in the user's npm cache.
 VERIFY_VARS = {"ENDPOINT_URL": "http://127.0.0.1:4242", "VERIFY_HOME": "/v", "HOME": "/home/u"}

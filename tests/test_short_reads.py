@@ -29,14 +29,14 @@ from memory_agent import MemorySpawner
 from test_parse_fast_path import lines as generated_lines
 from test_parse_fast_path import mutated_lines
 
-from acp_bridge import jsonrpc
 from acp_bridge.core.router import CLIENT, PRIMARY, Intercept, Router
-from acp_bridge.framing import Item, Line, LineSplitter, LongLineStart, OverlongLine
-from acp_bridge.jsonrpc import CANCEL_REQUEST, FrameError, Kind, parse, plain_notifications
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
-from acp_bridge.trace import Tracer
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.runtime.trace import Tracer
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import Item, Line, LineSplitter, LongLineStart, OverlongLine
+from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, FrameError, Kind, parse, plain_notifications
 
 # ------------------------------------------------------------------ the splitter
 

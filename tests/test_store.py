@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from acp_bridge.store import SCHEMA_VERSION, SessionStore, StoreError
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.state.store import SCHEMA_VERSION, SessionStore, StoreError
 
 PROMPT = SystemPrompt.from_wire(
     {
@@ -298,7 +298,7 @@ def test_concurrent_processes_lose_no_sessions(tmp_path: Path) -> None:
 
 def test_each_write_of_the_session_table_reaches_the_store(store: SessionStore) -> None:
     from acp_bridge.core.sessions import Forget, MarkClosed, SaveSession, SetDelivered
-    from acp_bridge.lifecycle import Lifecycle
+    from acp_bridge.state.lifecycle import Lifecycle
 
     lifecycle = Lifecycle(store, "agent")
     lifecycle.apply(SaveSession("parent", PROMPT))

@@ -20,10 +20,10 @@ import trio
 from click.testing import CliRunner
 from harness import AGENT_NAME, TIMEOUT, FakeAgent, bridge_env, wire_prompt
 
-from acp_bridge.client import spawn_bridge
-from acp_bridge.sessions_cli import sessions
-from acp_bridge.store import SCHEMA_VERSION, SessionStore, StoreError
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.commands.sessions_cli import sessions
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.runtime.client import spawn_bridge
+from acp_bridge.state.store import SCHEMA_VERSION, SessionStore, StoreError
 
 PROMPT = SystemPrompt.of_text("append", "Be terse.")
 WAL_SWITCH = "PRAGMA journal_mode = WAL"
@@ -226,8 +226,8 @@ def test_a_lock_held_too_long_is_named(tmp_path: Path) -> None:
 
 SAVER = """
 import sys, time
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.state.store import SessionStore
+from acp_bridge.core.system_prompt import SystemPrompt
 store = SessionStore(sys.argv[1])
 store.save("fake", "opened-by-a-dead-bridge", SystemPrompt.of_text("append", "x"))
 print("saved", flush=True)

@@ -16,7 +16,7 @@ import pytest
 import trio
 from conftest import OpenBridge, RunningBridge, pid_alive
 
-from acp_bridge.agent_process import AgentProcess, AgentStartError
+from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
 
 # The target of spec §3: an agent that honours SIGTERM is gone, and the bridge has exited,
 # within 1 s of the client's EOF or signal.
@@ -139,7 +139,7 @@ async def test_shutdown_leaves_nothing_an_escaped_grandchild_started_afterwards(
 
 HOLDER = """
 import sys, time, trio
-from acp_bridge.agent_process import AgentProcess
+from acp_bridge.supervision.agent_process import AgentProcess
 
 async def main():
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"

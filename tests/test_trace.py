@@ -20,9 +20,9 @@ import trio
 from conftest import FAKE_AGENT, OpenBridge, OpenMemoryBridge
 
 from acp_bridge.adapter import AdapterContext
-from acp_bridge.jsonrpc import JsonObject
-from acp_bridge.system_prompt import SystemPrompt
-from acp_bridge.trace import TraceFileError, Tracer, redact, redact_at
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.runtime.trace import TraceFileError, Tracer, redact, redact_at
+from acp_bridge.wire.jsonrpc import JsonObject
 from adapters.claude import SUCCESSOR_NAME, ClaudeAdapter, ClaudeAgent, system_prompt_meta
 from adapters.first_turn import FirstTurnAdapter
 from adapters.goose import SET_METHOD, GooseAdapter

@@ -139,7 +139,7 @@ class ScriptedClient:
 
 
 # Without a configuration file the bridge answers initialize before it has loaded and
-# then replays that exchange (acp_bridge.early_initialize): the bytes must not change.
+# then replays that exchange (acp_bridge.runtime.early_initialize): the bytes must not change.
 EARLY = pytest.mark.parametrize("config_file", [True, False], ids=["config", "early"])
 
 

@@ -19,8 +19,8 @@ import trio.testing
 from test_long_lines import read_line, send_in_pieces
 from test_runtime import PROMPT, bridge_over_memory
 
-from acp_bridge import jsonrpc
-from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 
 DEEP = 5_000
 HUGE = "7" * 5_000

@@ -30,14 +30,14 @@ from harness import (
     wire_prompt,
 )
 
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import (
+from acp_bridge.core.system_prompt import (
     DEFAULT_MAX_PROMPT_BYTES,
     MAX_PROMPT_BLOCKS,
     PromptRejected,
     SystemPrompt,
     parse_system_prompt,
 )
+from acp_bridge.state.store import SessionStore
 
 INVALID_PARAMS: Final = -32602
 METHODS: Final = ("session/new", "session/load", "session/resume", "session/fork")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_verify
 
-from acp_bridge.verify import STDERR_TAIL, DefaultPrompt, Row, format_table, succeeded
+from acp_bridge.commands.verify import STDERR_TAIL, DefaultPrompt, Row, format_table, succeeded
 
 
 def test_default_prompt_share_tells_kept_from_replaced() -> None:
@@ -60,7 +60,7 @@ def test_codex_declares_its_reopen_limits_and_other_adapters_none() -> None:
     from acp_bridge.adapters.codex import CodexAdapter
     from acp_bridge.adapters.goose import GooseAdapter
 
-    from acp_bridge.system_prompt import SystemPrompt
+    from acp_bridge.core.system_prompt import SystemPrompt
 
     old = SystemPrompt.of_text("append", "OLD")
     new = SystemPrompt.of_text("append", "NEW")
@@ -285,8 +285,8 @@ async def test_verify_verbose_shows_the_tail_under_every_row(tmp_path: Path) -> 
 def test_codex_limits_say_what_the_model_then_receives() -> None:
     from acp_bridge.adapters.codex import reopen_effect
 
-    from acp_bridge.system_prompt import SystemPrompt
-    from acp_bridge.verify import Expect, limited_expectation
+    from acp_bridge.commands.verify import Expect, limited_expectation
+    from acp_bridge.core.system_prompt import SystemPrompt
 
     a, b = SystemPrompt.of_text("append", "MARK-A"), SystemPrompt.of_text("append", "MARK-B")
     o = SystemPrompt.of_text("override", "MARK-O")

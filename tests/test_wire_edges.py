@@ -15,9 +15,9 @@ import pytest
 import trio
 from conftest import BridgeLines, OpenMemoryBridge
 
-from acp_bridge import jsonrpc
-from acp_bridge.system_prompt import PromptRejected, parse_system_prompt
-from acp_bridge.trace import Tracer
+from acp_bridge.core.system_prompt import PromptRejected, parse_system_prompt
+from acp_bridge.runtime.trace import Tracer
+from acp_bridge.wire import jsonrpc
 
 LONE: str = "\ud800"
 LONE_ESCAPED: bytes = b'"\\ud800"'

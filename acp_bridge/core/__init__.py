@@ -6,6 +6,7 @@ the bytes each peer must get through a sink it is given, and returns the few eve
 runtime must act on (start an interception, wake a waiter).
 :class:`~acp_bridge.core.sessions.SessionTable` holds the lifecycle rules: what an
 intercepted request runs with, and what must be stored or sent to the agent once it is
-answered, returned as values. The trio runtime (:mod:`acp_bridge.relay`) does the I/O
+answered, returned as values. ``system_prompt`` validates the field and ``capabilities``
+builds what the bridge advertises. The trio runtime (:mod:`acp_bridge.runtime.relay`) does the I/O
 around both.
 """

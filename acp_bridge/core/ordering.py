@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from acp_bridge.jsonrpc import CANCEL_REQUEST, Frame, Kind, RequestId, is_request_id
+from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, Frame, Kind, RequestId, is_request_id
 
 # The key that stands for the whole connection.
 CONNECTION: Final = ("connection",)

@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from acp_bridge.jsonrpc import RequestId
+from acp_bridge.wire.jsonrpc import RequestId
 
 
 @dataclass(frozen=True, slots=True)

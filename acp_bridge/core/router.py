@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from acp_bridge import jsonrpc
 from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.ordering import CONNECTION, Gate, Key, request_key, session_key
 from acp_bridge.core.pending import ForWaiter, FromClient, PendingTable
-from acp_bridge.json_stream import Envelope
-from acp_bridge.jsonrpc import (
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.json_stream import Envelope
+from acp_bridge.wire.jsonrpc import (
     CANCEL_REQUEST,
     Frame,
     JsonObject,

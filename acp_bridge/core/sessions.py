@@ -75,9 +75,8 @@ from collections.abc import Set
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
-from acp_bridge import capabilities
-from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
-from acp_bridge.system_prompt import (
+from acp_bridge.core import capabilities
+from acp_bridge.core.system_prompt import (
     DEFAULT_MAX_PROMPT_BYTES,
     FIELD,
     PromptRejected,
@@ -85,9 +84,10 @@ from acp_bridge.system_prompt import (
     parse_system_prompt,
     take_system_prompt,
 )
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
 
 if TYPE_CHECKING:
-    from acp_bridge.adapter import Delivery
+    from acp_bridge.core.capabilities import Delivery
 
 log = logging.getLogger("acp_bridge.sessions")
 

@@ -8,7 +8,7 @@ sets it.
 from __future__ import annotations
 
 from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.wire.jsonrpc import JsonObject
 
 
 class LingeringAdapter(Adapter):

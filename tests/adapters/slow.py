@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.wire.jsonrpc import JsonObject
 
 
 class SlowAdapter(Adapter):

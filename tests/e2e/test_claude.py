@@ -29,10 +29,10 @@ import pytest
 import trio
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, ClientRequestError, spawn_bridge
-from acp_bridge.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
+from acp_bridge.commands.verify import DefaultPrompt
 from acp_bridge.model_endpoint import ModelEndpoint, open_model_endpoint
-from acp_bridge.verify import DefaultPrompt
+from acp_bridge.runtime.client import AcpClient, ClientRequestError, spawn_bridge
+from acp_bridge.wire.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 
 pytestmark = pytest.mark.e2e
 

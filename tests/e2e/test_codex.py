@@ -30,11 +30,11 @@ from agent_processes import live_processes
 from bridge_cli import bridge_command, isolated_env, write_verify_config
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, spawn_bridge
-from acp_bridge.embedded import open_embedded_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
-from acp_bridge.relay import BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.client import AcpClient, spawn_bridge
+from acp_bridge.runtime.embedded import open_embedded_bridge
+from acp_bridge.runtime.relay import BridgeOptions
+from acp_bridge.state.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 

@@ -33,8 +33,8 @@ from agent_processes import live_processes
 from bridge_cli import bridge_command, isolated_env, write_verify_config
 from conftest import run_verify
 
-from acp_bridge.client import AcpClient, spawn_bridge
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.runtime.client import AcpClient, spawn_bridge
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ from pooled_agent import (
     share_of,
 )
 
-from acp_bridge.client import ClientRequestError
+from acp_bridge.runtime.client import ClientRequestError
 
 pytestmark = pytest.mark.e2e
 

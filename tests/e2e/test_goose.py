@@ -21,8 +21,8 @@ from agent_home import AgentHome, BridgeRun, open_agent_home
 from bridge_cli import isolated_env
 from conftest import run_verify
 
-from acp_bridge.client import ClientRequestError, spawn_bridge
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.client import ClientRequestError, spawn_bridge
+from acp_bridge.state.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ from agent_processes import live_processes
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
-from acp_bridge.client import ClientRequestError
 from acp_bridge.model_endpoint import RecordedRequest
+from acp_bridge.runtime.client import ClientRequestError
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from acp_bridge.adapter import Adapter, Delivery, LifecycleCall, Reply
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.wire.jsonrpc import JsonObject
 
 META_KEY = "acme.dev/instructions"
 

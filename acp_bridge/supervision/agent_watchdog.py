@@ -32,7 +32,7 @@ itself finds them (:func:`outside_group`), so both use one definition.
 grandchildren behind ``npx`` or a shell, and it fires when the *thread* that forked the
 child exits, which under trio is a worker thread that retires after 10 s of idleness.
 
-Standard library only, for both ends: :mod:`acp_bridge.launch` starts a watchdog before
+Standard library only, for both ends: :mod:`acp_bridge.commands.launch` starts a watchdog before
 anything heavy is imported, and the script (``python -I -S agent_watchdog.py GRACE``,
 the pipe as stdin) starts in milliseconds without the bridge's packages.
 """

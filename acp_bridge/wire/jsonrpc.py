@@ -51,7 +51,7 @@ class FrameError(Exception):
 class NestedTooDeeply(FrameError):
     """Valid JSON, perhaps, but nested more deeply than a value can be built here (json's
     decoder recurses once per level). The line can still be judged without building it
-    (:class:`acp_bridge.json_stream.LineValidator`) and passed on unchanged."""
+    (:class:`acp_bridge.wire.json_stream.LineValidator`) and passed on unchanged."""
 
 
 # A message nested this deeply may take json's decoder and encoder past Python's recursion

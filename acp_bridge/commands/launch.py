@@ -8,7 +8,7 @@ run command adopts it (:func:`take`). Any other command line is left to the usua
 
 When, in addition, nothing the answer to ``initialize`` depends on needs the full bridge
 (no configuration file, a built-in adapter or ``auto``), that exchange is done here too
-(:mod:`acp_bridge.early_initialize`), and the runtime replays it (:func:`take_exchange`).
+(:mod:`acp_bridge.runtime.early_initialize`), and the runtime replays it (:func:`take_exchange`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from acp_bridge import builtin_adapters
-from acp_bridge.agent_watchdog import Watchdog
+from acp_bridge.config_file import default_config_file
+from acp_bridge.supervision.agent_watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from acp_bridge.early_initialize import Exchange
+    from acp_bridge.runtime.early_initialize import Exchange
 
 # The values the run command accepts for these options (cli.py uses the same tuples).
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 ON_OMITTED: Final = ("keep", "default")
-USER_FILE_NAME: Final = "config.yaml"
 
 # Options of the run command that do not change how the agent is started, with whether
 # they take a value. --agent is not here: a preset names its own command. --adapter is
@@ -97,16 +97,6 @@ def agent_command(args: Sequence[str]) -> list[str] | None:
     if adapter is not None and adapter != "auto" and builtin_adapters.module_of(adapter) is None:
         return None  # the usual path finds it among the user's adapters, or refuses it
     return argv
-
-
-def default_config_file(environ: Mapping[str, str] | None = None) -> str:
-    """``$XDG_CONFIG_HOME/acp-bridge/config.yaml``, falling back to ``~/.config``."""
-    env = os.environ if environ is None else environ
-    config_home = env.get("XDG_CONFIG_HOME", "")
-    if os.path.isabs(config_home):  # XDG: relative values are invalid and ignored
-        return os.path.join(config_home, "acp-bridge", USER_FILE_NAME)
-    home = env.get("HOME") or os.path.expanduser("~")
-    return os.path.join(home, ".config", "acp-bridge", USER_FILE_NAME)
 
 
 def start_early(args: Sequence[str]) -> None:
@@ -187,7 +177,7 @@ def exchange_early(args: Sequence[str]) -> None:
         return
     if options.get("--on-omitted", "keep") not in ON_OMITTED:
         return
-    from acp_bridge import early_initialize
+    from acp_bridge.runtime import early_initialize
 
     _EXCHANGED.append(
         early_initialize.exchange(

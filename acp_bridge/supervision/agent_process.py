@@ -10,7 +10,7 @@ such as ``npx`` cannot leave their child behind. Should the bridge die without s
 down (an editor SIGKILLs it), a watchdog process per group (``agent_watchdog.py``) ends
 the group and removes the agent's private files. The watchdog is started before the
 agent, which names its group to it before it runs (an agent started before the runtime
-loaded brings its own, :mod:`acp_bridge.launch`): there is no moment when an agent runs
+loaded brings its own, :mod:`acp_bridge.commands.launch`): there is no moment when an agent runs
 unwatched.
 """
 
@@ -28,7 +28,7 @@ from typing import Final
 
 import trio
 
-from acp_bridge.agent_watchdog import (
+from acp_bridge.supervision.agent_watchdog import (
     GRACE,
     Processes,
     Watchdog,
@@ -36,7 +36,7 @@ from acp_bridge.agent_watchdog import (
     outside_group,
     signal_processes,
 )
-from acp_bridge.jsonrpc import INTERNAL_ERROR, JsonObject
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject
 
 log = logging.getLogger("acp_bridge.agent")
 
@@ -211,7 +211,7 @@ class AgentProcess:
     def adopt(
         cls, popen: subprocess.Popen[bytes], argv: Sequence[str], watchdog: Watchdog
     ) -> AgentProcess:
-        """Take over an agent started before trio ran (see :mod:`acp_bridge.launch`),
+        """Take over an agent started before trio ran (see :mod:`acp_bridge.commands.launch`),
         with the watchdog it was started under: its pipes become trio streams."""
         process = StartedProcess(popen)
         log.debug("adopted agent pid %d: %s", process.pid, argv[0])

@@ -28,7 +28,6 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from acp_bridge import capabilities, hangup, json_stream, jsonrpc
 from acp_bridge.adapter import (
     HOOKS,
     Adapter,
@@ -37,7 +36,7 @@ from acp_bridge.adapter import (
     AgentLink,
     Reply,
 )
-from acp_bridge.agent_process import AgentProcess, AgentStartError
+from acp_bridge.core import capabilities
 from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.router import (
     CLIENT,
@@ -49,7 +48,20 @@ from acp_bridge.core.router import (
     Router,
 )
 from acp_bridge.core.sessions import SessionTable, Step, Withdraw
-from acp_bridge.framing import (
+from acp_bridge.core.system_prompt import (
+    DEFAULT_MAX_PROMPT_BYTES,
+    PromptRejected,
+    SystemPrompt,
+)
+from acp_bridge.registry import AUTO, AdapterRegistry
+from acp_bridge.runtime import hangup
+from acp_bridge.runtime.refusal import refuse_requests
+from acp_bridge.runtime.trace import Tracer
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import StoreError
+from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
+from acp_bridge.wire import json_stream, jsonrpc
+from acp_bridge.wire.framing import (
     DEFAULT_LINE_LIMIT,
     DEFAULT_STREAM_AFTER,
     Item,
@@ -61,18 +73,8 @@ from acp_bridge.framing import (
     OverlongLine,
     join_lines,
 )
-from acp_bridge.json_stream import Envelope, LineValidator
-from acp_bridge.jsonrpc import Frame, FrameError, JsonObject
-from acp_bridge.lifecycle import Lifecycle
-from acp_bridge.refusal import refuse_requests
-from acp_bridge.registry import AUTO, AdapterRegistry
-from acp_bridge.store import StoreError
-from acp_bridge.system_prompt import (
-    DEFAULT_MAX_PROMPT_BYTES,
-    PromptRejected,
-    SystemPrompt,
-)
-from acp_bridge.trace import Tracer
+from acp_bridge.wire.json_stream import Envelope, LineValidator
+from acp_bridge.wire.jsonrpc import Frame, FrameError, JsonObject
 
 log = logging.getLogger("acp_bridge")
 

@@ -29,20 +29,7 @@ from typing import Final
 import click
 import trio
 
-from acp_bridge import jsonrpc
-from acp_bridge.framing import (
-    DEFAULT_LINE_LIMIT,
-    DEFAULT_STREAM_AFTER,
-    Item,
-    Line,
-    LineSplitter,
-    LongLineEnd,
-    LongLinePart,
-    LongLineStart,
-)
-from acp_bridge.json_stream import LineValidator
-from acp_bridge.jsonrpc import INTERNAL_ERROR, FrameError, Kind, RequestId
-from acp_bridge.serve import (
+from acp_bridge.commands.serve import (
     CONNECTION_REFUSED,
     META_KEY,
     TOKEN_ENV,
@@ -54,8 +41,21 @@ from acp_bridge.serve import (
     read_preamble,
     request_id_of,
 )
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import (
+    DEFAULT_LINE_LIMIT,
+    DEFAULT_STREAM_AFTER,
+    Item,
+    Line,
+    LineSplitter,
+    LongLineEnd,
+    LongLinePart,
+    LongLineStart,
+)
+from acp_bridge.wire.json_stream import LineValidator
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, FrameError, Kind, RequestId
 
-log = logging.getLogger("acp_bridge.connect")
+log = logging.getLogger("acp_bridge.commands.connect")
 
 # The editor's first line is its initialize; the sidecar accepts far less than this.
 FIRST_LINE_LIMIT: Final = 1 << 20
@@ -425,7 +425,7 @@ def check_token_file_mode(path: Path) -> None:
 
 def command(address: str, token_file: Path | None, log_level: str) -> None:
     """``acp-bridge connect``: resolve the options, then relay stdio to the sidecar."""
-    from acp_bridge.stdio import claim_stdout
+    from acp_bridge.runtime.stdio import claim_stdout
 
     acp_fd = claim_stdout()
     logging.basicConfig(

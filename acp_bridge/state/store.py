@@ -32,7 +32,7 @@ from typing import Final
 
 from pydantic import ValidationError
 
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.system_prompt import SystemPrompt
 
 MEMORY: Final = ":memory:"
 SCHEMA_VERSION: Final = 2

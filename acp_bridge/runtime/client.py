@@ -17,11 +17,11 @@ from typing import Any
 
 import trio
 
-from acp_bridge import jsonrpc
-from acp_bridge.framing import Line, LineSplitter
-from acp_bridge.jsonrpc import JsonObject, Kind, RequestId
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import Line, LineSplitter
+from acp_bridge.wire.jsonrpc import JsonObject, Kind, RequestId
 
-log = logging.getLogger("acp_bridge.client")
+log = logging.getLogger("acp_bridge.runtime.client")
 
 
 class ClientRequestError(Exception):

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acp_bridge.core.sessions import Forget, MarkClosed, SaveSession, SetDelivered, StoreWrite
-from acp_bridge.store import SessionRecord, SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.core.system_prompt import SystemPrompt
+from acp_bridge.state.store import SessionRecord, SessionStore
 
 
 class Lifecycle:

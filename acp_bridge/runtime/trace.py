@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Final
 
-from acp_bridge.jsonrpc import JsonObject, decode, encode
+from acp_bridge.wire.jsonrpc import JsonObject, decode, encode
 
 REDACTED: Final = "<redacted>"
 FILE_MODE: Final = 0o600

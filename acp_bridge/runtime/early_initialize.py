@@ -1,7 +1,7 @@
 """The client's ``initialize``, answered before the runtime has loaded.
 
 An editor waits for the answer to its ``initialize`` before it does anything else. When
-:mod:`acp_bridge.launch` has started the agent early and the answer cannot depend on
+:mod:`acp_bridge.commands.launch` has started the agent early and the answer cannot depend on
 anything only the full bridge knows (no configuration file, a built-in adapter), the
 exchange is done here, with the standard library and the light protocol modules
 (``jsonrpc``, ``capabilities``, ``adapter`` and the chosen adapter's module): the client's
@@ -9,7 +9,7 @@ first line is read and, if it is an ``initialize`` request, written to the agent
 agent's answer is read, the adapter is chosen from it by the table of agent names
 (:func:`acp_bridge.builtin_adapters.choose`, which imports no adapter), and the client's
 answer is computed with the same code the runtime uses
-(:func:`acp_bridge.capabilities.initialize_answer`) and written. Meanwhile a thread
+(:func:`acp_bridge.core.capabilities.initialize_answer`) and written. Meanwhile a thread
 loads the runtime (trio, click, pydantic, yaml), so those imports overlap the
 agent's own start-up. Whichever comes first ends the wait: the agent's answer (an agent
 that starts fast gets its answer written at once), or the runtime loaded (an agent that
@@ -18,7 +18,7 @@ which is by then ready for the client's next request).
 
 Nothing here decides anything the runtime would not: the exchange is a *prefix* of the
 connection, recorded as bytes (:class:`Exchange`). The runtime replays it through its
-usual path (:mod:`acp_bridge.handover`): what was read is fed to its pumps again, and
+usual path (:mod:`acp_bridge.runtime.handover`): what was read is fed to its pumps again, and
 what was already written is checked to be exactly what the runtime writes, and not
 written twice. So the router, the adapter and the trace see the ``initialize`` as always.
 
@@ -44,8 +44,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from acp_bridge import builtin_adapters, capabilities, jsonrpc
-from acp_bridge.jsonrpc import FrameError, JsonObject, Kind
+from acp_bridge import builtin_adapters
+from acp_bridge.core import capabilities
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import FrameError, JsonObject, Kind
 
 if TYPE_CHECKING:
     from acp_bridge.adapter import Adapter, AgentLink
@@ -60,11 +62,11 @@ READ_SIZE: Final = 1 << 16
 SWITCH_INTERVAL: Final = 0.0005
 # What the thread loads while the agent starts: what the run command imports first.
 RUNTIME_MODULES: Final = (
-    "acp_bridge.cli",
+    "acp_bridge.commands.cli",
     "acp_bridge.settings",
-    "acp_bridge.relay",
-    "acp_bridge.lifecycle",
-    "acp_bridge.trace",
+    "acp_bridge.runtime.relay",
+    "acp_bridge.state.lifecycle",
+    "acp_bridge.runtime.trace",
 )
 AUTO: Final = builtin_adapters.AUTO
 

@@ -14,9 +14,9 @@ from typing import Final
 
 import trio
 
-from acp_bridge import jsonrpc
-from acp_bridge.framing import Item, Line, LineSplitter
-from acp_bridge.jsonrpc import FrameError, JsonObject
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.framing import Item, Line, LineSplitter
+from acp_bridge.wire.jsonrpc import FrameError, JsonObject
 
 # A client that is refused sends a request or two: small reads do.
 READ_SIZE: Final = 1 << 16

@@ -21,17 +21,18 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 import trio
 
-from acp_bridge import __version__, launch
-from acp_bridge.agent_process import AgentProcess, AgentStartError, widen_pipe
-from acp_bridge.stdio import claim_stdout
+from acp_bridge import __version__
+from acp_bridge.commands import launch
+from acp_bridge.runtime.stdio import claim_stdout
+from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError, widen_pipe
 
 if TYPE_CHECKING:
-    from acp_bridge.handover import Replay
     from acp_bridge.registry import AdapterRegistry
-    from acp_bridge.relay import AgentHandle, BridgeOptions
+    from acp_bridge.runtime.handover import Replay
+    from acp_bridge.runtime.relay import AgentHandle, BridgeOptions
+    from acp_bridge.runtime.trace import Tracer
     from acp_bridge.settings import Config
-    from acp_bridge.store import SessionStore, StoreError
-    from acp_bridge.trace import Tracer
+    from acp_bridge.state.store import SessionStore, StoreError
 
 # The run command imports the relay, the settings and the adapters (pydantic among them)
 # inside its functions, after it has started the agent where it can: the agent's own
@@ -43,8 +44,8 @@ log = logging.getLogger("acp_bridge")
 # Commands whose modules are imported only when used: an editor starting the bridge
 # should not pay for the model endpoint and the verify driver.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "verify": ("acp_bridge.verify", "command"),
-    "sessions": ("acp_bridge.sessions_cli", "sessions"),
+    "verify": ("acp_bridge.commands.verify", "command"),
+    "sessions": ("acp_bridge.commands.sessions_cli", "sessions"),
 }
 
 
@@ -191,7 +192,7 @@ class Runtime:
     ) -> AgentHandle:
         """Start an agent process; a failure names the preset's install hint, so the log
         and the client's initialize error say how to get the agent."""
-        from acp_bridge.relay import spawn_process
+        from acp_bridge.runtime.relay import spawn_process
 
         try:
             return await spawn_process(argv, env, private_files)
@@ -240,7 +241,7 @@ def resolve_runtime(
     variables: dict[str, str] | None = None,
 ) -> Runtime:
     from acp_bridge.registry import AdapterNotFound, AdapterRegistry
-    from acp_bridge.relay import BridgeOptions
+    from acp_bridge.runtime.relay import BridgeOptions
     from acp_bridge.settings import ConfigError, load_config, resolve_state
 
     try:
@@ -305,7 +306,7 @@ def resolve_runtime(
 
 
 def open_store(path: str) -> SessionStore:
-    from acp_bridge.store import SessionStore, StoreError
+    from acp_bridge.state.store import SessionStore, StoreError
 
     try:
         return SessionStore(path)
@@ -322,9 +323,9 @@ async def run_stdio(
 ) -> int:
     """Relay stdio to the agent; ``started``: its process, if it was started already;
     ``replay``: the initialize exchange done before the bridge loaded, if any."""
-    from acp_bridge.lifecycle import Lifecycle
-    from acp_bridge.relay import Bridge
-    from acp_bridge.store import SessionStore, StoreError
+    from acp_bridge.runtime.relay import Bridge
+    from acp_bridge.state.lifecycle import Lifecycle
+    from acp_bridge.state.store import SessionStore, StoreError
 
     if acp_fd is None:
         acp_fd = claim_stdout()
@@ -374,8 +375,8 @@ async def refuse_without_store(
     """The session database cannot be used: say so on stderr and to the client, whose
     requests (its ``initialize`` included, unless the early exchange answered it already)
     get an error naming the database and the cause; then exit non-zero."""
-    from acp_bridge.jsonrpc import INTERNAL_ERROR
-    from acp_bridge.refusal import refuse_requests
+    from acp_bridge.runtime.refusal import refuse_requests
+    from acp_bridge.wire.jsonrpc import INTERNAL_ERROR
 
     log.error("%s", failure)
     if started is not None:
@@ -418,10 +419,10 @@ async def run_stdio_started_first(
     path is taken only for a built-in adapter, whose name launch.py has checked.)
 
     If the client's ``initialize`` was answered before the bridge loaded
-    (:mod:`acp_bridge.early_initialize`), the bridge replays that exchange
-    (:mod:`acp_bridge.handover`).
+    (:mod:`acp_bridge.runtime.early_initialize`), the bridge replays that exchange
+    (:mod:`acp_bridge.runtime.handover`).
     """
-    from acp_bridge.handover import Replay
+    from acp_bridge.runtime.handover import Replay
 
     started: AgentProcess | None
     early = launch.take(agent_cmd)
@@ -460,8 +461,8 @@ async def run_stdio_started_first(
 
 
 def make_tracer(runtime: Runtime, trace_file: Path | None, trace_prompts: bool) -> Tracer:
+    from acp_bridge.runtime.trace import TraceFileError, Tracer
     from acp_bridge.settings import ConfigError
-    from acp_bridge.trace import TraceFileError, Tracer
 
     settings = runtime.config.bridge
     try:
@@ -531,8 +532,8 @@ def check(agent_cmd: tuple[str, ...], as_json: bool, **common: Any) -> None:
     """Initialize the agent once and show what it and the bridge advertise."""
     import json
 
-    from acp_bridge.check import report_lines, run_check
-    from acp_bridge.client import ClientRequestError, ConnectionLost
+    from acp_bridge.commands.check import report_lines, run_check
+    from acp_bridge.runtime.client import ClientRequestError, ConnectionLost
 
     runtime = resolve_runtime(agent_cmd, **common)
     try:
@@ -585,9 +586,9 @@ def serve(
     """Sidecar: accept ACP connections on a socket, one agent process per connection."""
     from click.core import ParameterSource
 
-    from acp_bridge.connect import TokenError, read_token_file
-    from acp_bridge.serve import ListenAddress, ListenError, ServeLimits, Server
-    from acp_bridge.serve import serve as serve_forever
+    from acp_bridge.commands.connect import TokenError, read_token_file
+    from acp_bridge.commands.serve import ListenAddress, ListenError, ServeLimits, Server
+    from acp_bridge.commands.serve import serve as serve_forever
 
     try:
         address = ListenAddress.parse(listen)
@@ -652,6 +653,6 @@ def connect(address: str, token_file: Path | None, log_level: str) -> None:
 
     The token comes from the ACP_BRIDGE_TOKEN variable or --token-file, never from argv.
     """
-    from acp_bridge.connect import command
+    from acp_bridge.commands.connect import command
 
     command(address, token_file, log_level)

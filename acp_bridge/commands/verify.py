@@ -34,18 +34,18 @@ from typing import Any, Final, Literal, TextIO
 import click
 import trio
 
-from acp_bridge import capabilities
 from acp_bridge.adapter import ReopenLimit
-from acp_bridge.agent_process import AgentStartError
-from acp_bridge.client import AcpClient, ClientRequestError, ConnectionLost
-from acp_bridge.embedded import open_embedded_bridge
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge.core import capabilities
+from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
-from acp_bridge.relay import BridgeOptions
+from acp_bridge.runtime.client import AcpClient, ClientRequestError, ConnectionLost
+from acp_bridge.runtime.embedded import open_embedded_bridge
+from acp_bridge.runtime.relay import BridgeOptions
 from acp_bridge.settings import Config, ConfigError, expand
-from acp_bridge.store import SessionStore
-from acp_bridge.system_prompt import SystemPrompt
+from acp_bridge.state.store import SessionStore
+from acp_bridge.supervision.agent_process import AgentStartError
+from acp_bridge.wire.jsonrpc import JsonObject
 
 Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
 FLAVOURS: Final = ("anthropic", "openai-chat", "openai-responses", "gemini")
@@ -842,7 +842,7 @@ def _make_plan(
 ) -> VerifyPlan:
     # The URL is only known once the endpoint listens; presets name it ${ENDPOINT_URL},
     # so it is filled in by a placeholder now and by the real value in `bind_endpoint`.
-    from acp_bridge.cli import resolve_runtime
+    from acp_bridge.commands.cli import resolve_runtime
 
     variables = {"ENDPOINT_URL": ENDPOINT_PLACEHOLDER, "VERIFY_HOME": str(home)}
     lookup = {**os.environ, **variables}
@@ -959,7 +959,7 @@ async def run_verify(
 
 def command() -> click.Command:
     """The ``verify`` command; built on demand because it reuses the CLI's common options."""
-    from acp_bridge.cli import _common_options
+    from acp_bridge.commands.cli import _common_options
 
     @click.command(
         "verify",

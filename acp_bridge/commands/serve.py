@@ -29,14 +29,14 @@ from typing import Any, Final
 
 import trio
 
-from acp_bridge import jsonrpc
-from acp_bridge.jsonrpc import FrameError, Kind, RequestId
-from acp_bridge.lifecycle import Lifecycle
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import Bridge, BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.state.lifecycle import Lifecycle
+from acp_bridge.state.store import SessionStore
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import FrameError, Kind, RequestId
 
-log = logging.getLogger("acp_bridge.serve")
+log = logging.getLogger("acp_bridge.commands.serve")
 
 TOKEN_ENV: Final = "ACP_BRIDGE_TOKEN"
 # Where clients put the token: params._meta["acp-bridge"].token of their initialize.

@@ -16,13 +16,14 @@ from typing import Any, Final
 
 import trio
 
-from acp_bridge import __version__, capabilities
-from acp_bridge.agent_process import AgentProcess
-from acp_bridge.embedded import open_embedded_bridge
-from acp_bridge.jsonrpc import JsonObject
+from acp_bridge import __version__
+from acp_bridge.core import capabilities
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.relay import AgentHandle, BridgeOptions
-from acp_bridge.store import SessionStore
+from acp_bridge.runtime.embedded import open_embedded_bridge
+from acp_bridge.runtime.relay import AgentHandle, BridgeOptions
+from acp_bridge.state.store import SessionStore
+from acp_bridge.supervision.agent_process import AgentProcess
+from acp_bridge.wire.jsonrpc import JsonObject
 
 CHECK_TIMEOUT: Final = 60.0
 AGENT_STDERR_LABEL: Final = "agent stderr: "

@@ -1,6 +1,6 @@
 """``acp-bridge sessions``: list, show and forget the sessions in the state database.
 
-This module owns only the command-line view of :class:`~acp_bridge.store.SessionStore`.
+This module owns only the command-line view of :class:`~acp_bridge.state.store.SessionStore`.
 Prompts are private: ``list`` never prints prompt text, ``show`` prints it only with
 ``--prompt``. Listing or showing never creates a database that does not exist yet.
 """
@@ -18,7 +18,7 @@ from typing import Any, Final
 import click
 
 from acp_bridge.settings import ConfigError, load_config, resolve_state
-from acp_bridge.store import MEMORY, SessionRecord, SessionStore, StoreError
+from acp_bridge.state.store import MEMORY, SessionRecord, SessionStore, StoreError
 
 _STATE_KEY: Final = "acp_bridge.sessions.state"
 

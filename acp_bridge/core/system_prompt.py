@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from acp_bridge.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A folder is made 0700 (every folder inside it too) and its files 0600. While it 
 
 * the bridge that made it holds it locked (``flock`` on the folder), so another bridge
   can tell a folder in use from one a dead bridge left;
-* it is named to a watchdog (:class:`~acp_bridge.agent_watchdog.Watchdog`) as soon as
+* it is named to a watchdog (:class:`~acp_bridge.supervision.agent_watchdog.Watchdog`) as soon as
   it exists, before any prompt text is written into it: should the bridge be killed,
   at whatever moment, the watchdog removes it.
 
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from acp_bridge.agent_watchdog import Watchdog
+from acp_bridge.supervision.agent_watchdog import Watchdog
 
 # A sweep by another bridge may take a folder between its creation and its lock (it is
 # empty then); the folder is made again under another name, this many times at most.

@@ -1,7 +1,7 @@
 """Validating one JSON line as it arrives, without holding or building it: sans-IO.
 
 A line too long to hold whole is passed on while it is still arriving (see
-:mod:`acp_bridge.framing` and ``Router.stream_from_client``). It must still be valid JSON
+:mod:`acp_bridge.wire.framing` and ``Router.stream_from_client``). It must still be valid JSON
 and a JSON-RPC message before its end goes out, so :class:`LineValidator` reads it piece
 by piece and keeps only the text it has not judged yet and a stack of open containers:
 
@@ -12,7 +12,7 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   scanner (it builds the value, but only of what is held, at most one read);
 - a container that does not end within the text held is entered token by token.
 
-It accepts exactly the JSON that :func:`acp_bridge.jsonrpc.parse` accepts (strict UTF-8,
+It accepts exactly the JSON that :func:`acp_bridge.wire.jsonrpc.parse` accepts (strict UTF-8,
 no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, numbers of
 any length), except that it has no nesting limit (its stack is a list, not recursion). A
 number is judged as it arrives, by its shape, so a long one costs time linear in its
@@ -36,8 +36,8 @@ from json import decoder
 from json.scanner import make_scanner
 from typing import Any, Final
 
-from acp_bridge import jsonrpc
-from acp_bridge.jsonrpc import FrameError, Kind
+from acp_bridge.wire import jsonrpc
+from acp_bridge.wire.jsonrpc import FrameError, Kind
 
 # Raw bytes that may appear in a valid line only outside strings (JSON whitespace): any
 # other control byte makes the line invalid wherever it is.

@@ -3,23 +3,53 @@
 Sans-IO: takes the agent's result and returns the result the client gets. Every key the
 agent sent is kept; only ``systemPrompt`` and the bridge's ``_meta`` entry are added.
 :func:`initialize_answer` is the one place that turns an adapter's delivery into that
-answer: the runtime and the early exchange (:mod:`acp_bridge.early_initialize`) both use it.
+answer: the runtime and the early exchange (:mod:`acp_bridge.runtime.early_initialize`) both use it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from acp_bridge import __version__
-from acp_bridge.adapter import Delivery
-from acp_bridge.jsonrpc import JsonObject
-
-if TYPE_CHECKING:
-    from acp_bridge.adapter import Adapter
+from acp_bridge.wire.jsonrpc import JsonObject
 
 BRIDGE_META_KEY = "acp-bridge"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What an adapter can really deliver to its agent."""
+
+    append: bool = True
+    override: bool = False
+    custom_modes: tuple[str, ...] = ()
+    """Modes of the agent's own (``_``-prefixed, advertised in its capability's ``mode``
+    map) that the adapter passes on untouched: the schema leaves them to implementations."""
+
+    def accepts(self, mode: str) -> bool:
+        """Whether a prompt in ``mode`` can be delivered."""
+        if mode == "append":
+            return self.append
+        if mode == "override":
+            return self.override
+        return mode in self.custom_modes
+
+
+
+class Advertiser(Protocol):
+    """What the answer to ``initialize`` needs of an adapter
+    (:class:`acp_bridge.adapter.Adapter` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def delivery(self, initialize_result: JsonObject) -> Delivery | None: ...
+
+    def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject: ...
+
 
 
 def is_v2(initialize_result: JsonObject) -> bool:
@@ -105,7 +135,7 @@ def advertised_capability(initialize_result: JsonObject, delivery: Delivery) -> 
 
 
 def initialize_answer(
-    adapter: Adapter, initialize_result: JsonObject, *, allow_override: bool
+    adapter: Advertiser, initialize_result: JsonObject, *, allow_override: bool
 ) -> tuple[Delivery | None, JsonObject | None]:
     """The delivery (after the ``allow_override`` policy) and the result the client gets
     for the agent's ``initialize`` result; ``None`` for the result: the agent's answer

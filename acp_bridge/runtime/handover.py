@@ -1,6 +1,6 @@
 """Replaying the early ``initialize`` exchange through the runtime.
 
-:mod:`acp_bridge.early_initialize` may have read from and written to both peers before
+:mod:`acp_bridge.runtime.early_initialize` may have read from and written to both peers before
 the runtime loaded. The runtime does not take that over as state: it runs the connection
 from the start, on streams that hand its pumps the bytes already read (in the order they
 were read, so the router sees the ``initialize`` request before the agent's answer) and
@@ -16,8 +16,8 @@ from typing import Final
 
 import trio
 
-from acp_bridge.agent_process import AgentProcess
-from acp_bridge.early_initialize import Exchange
+from acp_bridge.runtime.early_initialize import Exchange
+from acp_bridge.supervision.agent_process import AgentProcess
 
 log = logging.getLogger("acp_bridge")
 
