@@ -1,4 +1,5 @@
-"""A fake ``goose acp`` (1.52.0) for unit tests, stdlib only, run as a subprocess.
+"""A fake ``goose acp`` (1.52.0) for unit tests, stdlib only, run as a subprocess or as a
+coroutine (its :class:`Script`, by ``tests/memory_agent.py``).
 
 It mimics what the adapter relies on, as measured on the real binary: the initialize
 response, session ids, ``_goose/unstable/session/system-prompt/set`` with its validation
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 DEFAULT_PROMPT = "You are goose, the default system prompt.\n\n# Extensions\n\n(none)"
@@ -104,8 +106,9 @@ def render(template: str) -> str:
 
 
 class Goose:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         self.args = args
+        self.environ = environ
         self.db_path: str = args.db
         # In memory, per open session: {"override": str | None, "extras": {key: text}}.
         self.open: dict[str, dict[str, Any]] = {}
@@ -154,7 +157,7 @@ class Goose:
             cwd = params.get("cwd", "")
             if not os.path.isabs(cwd):
                 raise invalid("cwd must be an absolute path")
-            if not os.environ.get("GOOSE_PROVIDER"):
+            if not self.environ.get("GOOSE_PROVIDER"):
                 raise RpcError(
                     -32603,
                     "Internal error",
@@ -244,35 +247,53 @@ class Goose:
         return base + "\n\n# Additional Instructions:\n\n" + "\n\n".join(extras)
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line after the program: ``acp`` and the options."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
     parser.add_argument("--record")
     parser.add_argument("--refuse-set", action="append", default=[])
     parser.add_argument("--exit-on-set", action="store_true")
     parser.add_argument("--refuse-delete", action="store_true")
-    args = parser.parse_args(sys.argv[2:] if sys.argv[1:2] == ["acp"] else sys.argv[1:])
-    goose = Goose(args)
-    record = open(args.record, "a") if args.record else None  # noqa: SIM115
-    for line in sys.stdin:
+    return parser.parse_args(argv[1:] if argv[:1] == ["acp"] else argv)
+
+
+class Script:
+    """The fake goose's answers, line by line, without I/O (``tests/memory_agent.py`` runs
+    it as a coroutine; :func:`main` over stdio). ``--exit-on-set`` raises ``SystemExit``."""
+
+    def __init__(self, argv: Sequence[str], environ: Mapping[str, str]) -> None:
+        self.args = parse_args(argv)
+        self.goose = Goose(self.args, environ)
+        if self.args.record:
+            open(self.args.record, "a").close()
+
+    def on_line(self, line: bytes) -> list[bytes]:
         if not line.strip():
-            continue
+            return []
         message = json.loads(line)
-        if record is not None:
-            record.write(json.dumps(message) + "\n")
-            record.flush()
+        if self.args.record:
+            with open(self.args.record, "a") as record:
+                record.write(json.dumps(message) + "\n")
         if "method" not in message or "id" not in message:
-            continue
+            return []
         try:
             answer: dict[str, Any] = {
-                "result": goose.handle(message["method"], message.get("params") or {})
+                "result": self.goose.handle(message["method"], message.get("params") or {})
             }
         except RpcError as exc:
             error: dict[str, Any] = {"code": exc.code, "message": exc.message}
             if exc.data is not None:
                 error["data"] = exc.data
             answer = {"error": error}
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], **answer}) + "\n")
+        return [json.dumps({"jsonrpc": "2.0", "id": message["id"], **answer}).encode()]
+
+
+def main() -> None:
+    script = Script(sys.argv[1:], os.environ)
+    for line in sys.stdin.buffer:
+        for out in script.on_line(line):
+            sys.stdout.buffer.write(out + b"\n")
         sys.stdout.flush()
 
 

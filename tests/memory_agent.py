@@ -14,21 +14,23 @@ request and answers with the client's result). ``session/new`` answers ``sess-N`
 (``info``, ``capabilities.session``). ``initialize_gate``: an event ``initialize`` is
 answered only once set; :meth:`MemoryAgent.exit` ends it as a crash would.
 
-:class:`ScriptedAgent` is ``tests/fake_agent.py`` itself (its :class:`~fake_agent.Script`)
-as a coroutine, started from that file's command line by :class:`ScriptedSpawner`: tests
-written against the subprocess run unchanged without one.
+:class:`ScriptedAgent` is ``tests/fake_agent.py`` or ``tests/fake_goose.py`` itself (its
+``Script``) as a coroutine, started from that file's command line by
+:class:`ScriptedSpawner`: tests written against the subprocess run unchanged without one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import fake_agent
+import fake_goose
 import trio
 import trio.testing
 
@@ -37,6 +39,7 @@ from acp_bridge.supervision.agent_process import EOF_WAIT
 from acp_bridge.wire import jsonrpc
 
 FAKE_AGENT: Final = Path(fake_agent.__file__).resolve()
+FAKE_GOOSE: Final = Path(fake_goose.__file__).resolve()
 
 
 class MemoryAgent:
@@ -252,8 +255,9 @@ class MemorySpawner:
 
 
 class ScriptedAgent:
-    """``tests/fake_agent.py`` run as a coroutine: the same :class:`Script` answers, read
-    from the same command line, over in-memory streams (implements ``AgentHandle``).
+    """``tests/fake_agent.py`` or ``tests/fake_goose.py`` run as a coroutine: the same
+    ``Script`` answers, read from the same command line, over in-memory streams (implements
+    ``AgentHandle``).
 
     What the process would write to files it writes too (``--record``, ``--sent``;
     ``--pidfile`` gets the made-up pid). Stopping goes as :class:`AgentProcess` stops a
@@ -264,16 +268,23 @@ class ScriptedAgent:
 
     _pids = 20_000
 
-    def __init__(self, argv: Sequence[str]) -> None:
-        if len(argv) < 2 or Path(argv[1]).resolve() != FAKE_AGENT:
-            raise ValueError(f"not a command of tests/fake_agent.py: {list(argv)}")
-        self.args = fake_agent.parser().parse_args(list(argv[2:]))
-        if self.args.grandchild_pidfile:
-            raise ValueError("a grandchild needs a real process")
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        program = Path(argv[1]).resolve() if len(argv) > 1 else None
+        self.script: fake_agent.Script | fake_goose.Script
+        if program == FAKE_AGENT:
+            self.args = fake_agent.parser().parse_args(list(argv[2:]))
+            if self.args.grandchild_pidfile:
+                raise ValueError("a grandchild needs a real process")
+            self.script = fake_agent.Script.of(self.args)
+        elif program == FAKE_GOOSE:
+            # The process would see the bridge's environment with the agent's on top.
+            self.script = fake_goose.Script(argv[2:], {**os.environ, **env})
+            self.args = fake_agent.parser().parse_args([])  # a process's defaults
+        else:
+            raise ValueError(f"not a command of a fake agent in tests/: {list(argv)}")
         ScriptedAgent._pids += 1
         self.pid = ScriptedAgent._pids
         self.argv = list(argv)
-        self.script = fake_agent.Script.of(self.args)
         self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
         self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received_raw: list[bytes] = []
@@ -318,7 +329,11 @@ class ScriptedAgent:
         if self.args.record:
             with open(self.args.record, "ab") as record:
                 record.write(raw if raw.endswith(b"\n") else raw + b"\n")
-        for item in self.script.on_line(raw):
+        try:
+            output: fake_agent.Output = list(self.script.on_line(raw))
+        except SystemExit as exit:  # fake_goose's --exit-on-set
+            output = [fake_agent.Exit(int(exit.code or 0))]
+        for item in output:
             if isinstance(item, fake_agent.Exit):
                 self.exit(item.code)
                 await trio.lowlevel.checkpoint()
@@ -360,7 +375,7 @@ class ScriptedAgent:
 
 
 class ScriptedSpawner:
-    """Starts a :class:`ScriptedAgent` for each ``tests/fake_agent.py`` command."""
+    """Starts a :class:`ScriptedAgent` for each command of a fake agent in ``tests/``."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
@@ -369,7 +384,7 @@ class ScriptedSpawner:
     async def __call__(
         self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
     ) -> AgentHandle:
-        agent = ScriptedAgent(argv)
+        agent = ScriptedAgent(argv, env)
         self.agents.append(agent)
         self.nursery.start_soon(agent.run)
         return agent

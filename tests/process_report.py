@@ -29,7 +29,7 @@ OPTION = "--report-processes"
 # Tests of these marks are left out of the counts: they exist to run real programs.
 PROCESS_MARKS = ("e2e", "container")
 # How many files the report lists.
-TOP_FILES = 15
+TOP_FILES = 60
 
 
 def cpu_seconds() -> float:

@@ -1,8 +1,9 @@
 """The goose adapter against a fake goose 1.52.0 (``tests/fake_goose.py``), bridge in process.
 
-Each test drives a real :class:`~acp_bridge.runtime.relay.Bridge` over in-memory streams, with the
-fake goose as its agent subprocess, and asserts what goose holds (``_fake/system_prompt``)
-and which set calls it received. Template protection is also checked on its own.
+Each test drives a real :class:`~acp_bridge.runtime.relay.Bridge` over in-memory streams,
+with the fake goose run as a coroutine (``memory_agent.ScriptedAgent``) as its agent, and
+asserts what goose holds (``_fake/system_prompt``) and which set calls it received.
+Template protection is also checked on its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from acp_bridge.adapters.goose import (  # type: ignore[import-not-found,unused-
     GooseAdapter,
     protect_template,
 )
+from fake_goose import DEFAULT_PROMPT, render
+from memory_agent import ScriptedSpawner
 
 from acp_bridge.runtime.client import AcpClient, ClientRequestError, connect
 from acp_bridge.runtime.relay import Bridge, BridgeOptions
@@ -33,8 +36,6 @@ from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 
 FAKE_GOOSE = Path(__file__).with_name("fake_goose.py")
-sys.path.insert(0, str(FAKE_GOOSE.parent))
-from fake_goose import DEFAULT_PROMPT, render  # noqa: E402
 
 TIMEOUT = 30.0
 TRICKY = 'a {{ x }} b {% if y %} c {# z #} d %} e {% endraw %} f {%- endraw -%} g {%endraw%} "h"'
@@ -108,14 +109,15 @@ async def goose_bridge(
     client_to_bridge, bridge_in = trio.testing.memory_stream_one_way_pair()
     bridge_out, bridge_to_client = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(tmp_path / "bridge.db")
-    bridge = Bridge(
-        BridgeOptions(agent_argv=argv, on_omitted=on_omitted, shutdown_grace=1.0),
-        bridge_in,
-        bridge_out,
-        Lifecycle(store, "goose"),
-    )
     try:
         async with trio.open_nursery() as nursery:
+            bridge = Bridge(
+                BridgeOptions(agent_argv=argv, on_omitted=on_omitted, shutdown_grace=1.0),
+                bridge_in,
+                bridge_out,
+                Lifecycle(store, "goose"),
+                spawner=ScriptedSpawner(nursery),
+            )
             nursery.start_soon(lambda: bridge.run(watch_signals=False))
             async with connect(client_to_bridge, bridge_to_client) as client:
                 with trio.fail_after(TIMEOUT):
