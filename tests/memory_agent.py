@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -40,6 +41,20 @@ from acp_bridge.wire import jsonrpc
 
 FAKE_AGENT: Final = Path(fake_agent.__file__).resolve()
 FAKE_GOOSE: Final = Path(fake_goose.__file__).resolve()
+
+
+def read_json(line: bytes) -> Any:
+    """A line as a JavaScript agent reads it: integers of any length, nesting a few
+    thousand levels deep (Python's json alone stops at 4,300 digits and about 1,000)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, DEEPEST_READ))
+    try:
+        return json.loads(line, parse_int=jsonrpc._parse_int)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+DEEPEST_READ = 20_000
 
 
 class MemoryAgent:
@@ -107,10 +122,9 @@ class MemoryAgent:
                     line, buffer = buffer.split(b"\n", 1)
                     self.received_raw.append(line)
                     try:
-                        message = json.loads(line)
+                        message = read_json(line)
                     except (ValueError, RecursionError):
-                        # As the ACP SDKs do: a line that does not parse is logged and dropped
-                        # (here also one Python's json cannot build: too deep, a huge integer).
+                        # As the ACP SDKs do: a line that does not parse is logged and dropped.
                         self.unparsed.append(line)
                         continue
                     self.received.append(message)

@@ -1,25 +1,40 @@
-"""Random and mutated frames from both sides through the bridge (in memory, seeded, bounded).
+"""Structure-aware mutation of JSON-RPC from both sides through the bridge (in memory,
+seeded, bounded).
 
-What must hold whatever arrives: the bridge keeps serving; every client request with a
-usable id gets exactly one answer; frames the bridge does not change arrive byte for
-byte; nothing but valid JSON-RPC reaches either side.
+Each line starts as a well-formed message of its side (requests, notifications and
+answers of the methods the bridge intercepts and of others, batches of them) and is then
+mutated where a peer can go wrong: any member of any message, batch members included,
+gets a value of every JSON type (null, booleans, integers small and beyond int()'s 4,300
+digits, floats up to 1e400, odd strings with lone surrogates, arrays, objects, nesting
+deeper than Python's json builds), members are dropped, repeated or reordered, batches get
+non-object and nested members, and some lines are blank, whitespace, ``\\r\\n``-ended,
+cut short or have a byte changed.
+
+What must hold whatever arrives: the bridge keeps serving; a client request with an id of
+its own gets at most one answer, and exactly one when the agent could read it (or the
+bridge answers it itself); frames the bridge does not change arrive byte for byte; nothing
+but valid JSON-RPC reaches either side.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
 import trio.testing
+from memory_agent import read_json
 from test_runtime import bridge_over_memory
 
-from acp_bridge.wire import jsonrpc
+from acp_bridge.wire import json_stream, jsonrpc
 
 SEED: Final = 20261201
-CLIENT_LINES: Final = 3000
-AGENT_LINES: Final = 3000
+CLIENT_LINES: Final = 20_000
+AGENT_LINES: Final = 20_000
+LINES_PER_WRITE: Final = 40  # a pipe delivers several lines per read
 
 ODD_TEXT: Final = [
     "\\ud800",
@@ -31,8 +46,9 @@ ODD_TEXT: Final = [
     "\\\\",
     "😀",
     "\\ud83d\\ude00",
+    "\u2028",
 ]
-METHODS: Final = [
+CLIENT_METHODS: Final = [
     "x/unknown",
     "_ext/method",
     "session/set_mode",
@@ -40,139 +56,250 @@ METHODS: Final = [
     "session/cancel",
     "session/new",
     "session/load",
+    "session/resume",
+    "session/fork",
+    "session/close",
     "$/cancel_request",
+    "authenticate",
+    "initialize",
     "_test/echo",
 ]
+AGENT_METHODS: Final = ["session/update", "fs/read_text_file", "session/request_permission"]
+KEYS: Final = ["jsonrpc", "id", "method", "params", "result", "error"]
+PARAM_KEYS: Final = ["sessionId", "requestId", "systemPrompt", "_meta", "cwd", "mcpServers", "x"]
 
 
 def odd_string(rng: random.Random) -> str:
-    """JSON string *source* text (escapes kept as escapes)."""
-    return "".join(rng.choice([*ODD_TEXT, "a", "b", " "]) for _ in range(rng.randint(0, 6)))
+    """JSON string *source* text (escapes kept as escapes), quotes included."""
+    body = "".join(rng.choice([*ODD_TEXT, "a", "b", " "]) for _ in range(rng.randint(0, 5)))
+    return f'"{body}"'
 
 
-def value(rng: random.Random, depth: int = 0) -> str:
-    """Random JSON source text."""
-    choice = rng.randint(0, 9 if depth < 4 else 5)
-    if choice == 0:
-        return str(rng.choice([0, -1, 2**64, 10**30]))
-    if choice == 1:
-        return rng.choice(["1e400", "-1e400", "1.5", "-0.0", "1e-400"])
-    if choice == 2:
-        return rng.choice(["true", "false", "null"])
-    if choice in (3, 4, 5):
-        return json.dumps(odd_string(rng))[0] + odd_string(rng) + '"'
-    if choice in (6, 7):
-        return "[" + ",".join(value(rng, depth + 1) for _ in range(rng.randint(0, 3))) + "]"
-    keys = ["sessionId", "requestId", "_meta", "systemPrompt", "x", odd_string(rng)]
-    members = [f'"{rng.choice(keys)}":{value(rng, depth + 1)}' for _ in range(rng.randint(0, 3))]
-    return "{" + ",".join(members) + "}"
+def huge_integer(rng: random.Random) -> str:
+    digits = rng.randint(4_301, 6_000)
+    return rng.choice(["", "-"]) + str(rng.randint(1, 9)) + "7" * (digits - 1)
 
 
+def deep(rng: random.Random) -> str:
+    """Nesting beyond what Python's json builds (about 1,000 levels), mostly just beyond."""
+    levels = rng.choice([950, 1_100, 1_500, 3_000])
+    if rng.random() < 0.5:
+        return "[" * levels + "1" + "]" * levels
+    return '{"d":' * levels + "null" + "}" * levels
+
+
+class Values:
+    """JSON source text of every type; ``deep`` and ``huge`` count the rare ones made."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.made: Counter[str] = Counter()
+
+    def any(self, depth: int = 0) -> str:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.08:
+            return rng.choice(["null", "true", "false"])
+        if roll < 0.18:
+            return rng.choice(["0", "-1", "7", "2", "18446744073709551616", "1" + "0" * 30])
+        if roll < 0.24:
+            return rng.choice(["1.5", "-0.0", "1e400", "-1e400", "1e-400", "0.1e2"])
+        if roll < 0.27:
+            self.made["huge numbers"] += 1
+            return huge_integer(rng)
+        if roll < 0.2725:  # costly to judge (a few ms each): rare, but hundreds in all
+            self.made["deep values"] += 1
+            return deep(rng)
+        if roll < 0.5:
+            return odd_string(rng)
+        if depth > 2 or roll < 0.7:
+            return "[" + ",".join(self.any(depth + 1) for _ in range(rng.randint(0, 3))) + "]"
+        keys = [*PARAM_KEYS, "type", "text", "mode", "content"]
+        members = [
+            f"{json.dumps(rng.choice(keys))}:{self.any(depth + 1)}"
+            for _ in range(rng.randint(0, 3))
+        ]
+        return "{" + ",".join(members) + "}"
+
+
+@dataclass
 class Ids:
-    def __init__(self) -> None:
-        self.counter = 0
+    """Ids unique to one line, so that answers can be counted per request."""
 
-    def fresh(self, rng: random.Random) -> tuple[str, Any]:
-        """A unique id: its JSON source and its value."""
+    counter: int = 1_000_000
+    used: Counter[Any] = field(default_factory=Counter)
+
+    def fresh(self, rng: random.Random) -> str:
         self.counter += 1
         if rng.random() < 0.5:
-            return str(self.counter), self.counter
-        source = f'"{odd_string(rng)}#{self.counter}"'
-        return source, json.loads(source)
+            return str(self.counter)
+        return json.dumps(f"r#{self.counter}")[:-1] + rng.choice(["", "\\u00e9", "\\ud800"]) + '"'
 
 
-def client_line(
-    rng: random.Random, ids: Ids, requests: dict[Any, int], *, in_batch: bool = False
-) -> bytes:
-    """One random client line; the requests it holds that must get an answer are added
-    to ``requests`` (a batch only when it parses as a whole)."""
-    roll = rng.random()
-    method = rng.choice(METHODS)
-    params = value(rng) if rng.random() < 0.3 else '{"sessionId":"sess-1","x":' + value(rng) + "}"
-    if roll < 0.45:
-        source, request_id = ids.fresh(rng)
-        if method == "session/new":
-            params = (
-                '{"cwd":"/","mcpServers":[],"systemPrompt":{"mode":"append","content":'
-                '[{"type":"text","text":'
-                + json.dumps(odd_string(rng))[0]
-                + odd_string(rng)
-                + '"}]}}'
-            )
-        line = f'{{"jsonrpc":"2.0","id":{source},"method":"{method}","params":{params}}}'
-        try:
-            if jsonrpc.parse(line.encode()).kind is jsonrpc.Kind.REQUEST:
-                requests[request_id] = 0
-        except jsonrpc.FrameError:
-            pass  # refused by the bridge; the id may not be readable
-        return line.encode()
-    if in_batch:
-        roll = 0.45 + (roll - 0.45) * 0.3  # a member is a notification or a response
-    if roll < 0.65:
-        return f'{{"jsonrpc":"2.0","method":"{method}","params":{params}}}'.encode()
-    if roll < 0.75:
-        return f'{{"jsonrpc":"2.0","id":{value(rng)},"result":{value(rng)}}}'.encode()
-    if roll < 0.82:
-        member_requests: dict[Any, int] = {}
-        members = [
-            client_line(rng, ids, member_requests, in_batch=True) for _ in range(rng.randint(1, 3))
-        ]
-        batch = b"[" + b",".join(members) + b"]"
-        try:
-            jsonrpc.parse(batch)
-            requests.update(member_requests)
-        except jsonrpc.FrameError:
-            pass
-        return batch
-    if roll < 0.86:
-        return b"[" * 3000 + b"]" * 3000
-    if roll < 0.9:
-        return rng.choice([b"{", b"nonsense", b"\xff\xfe", b"[]", b"{}", b'"\\ud800"'])
-    # A valid frame with one byte changed.
-    base = bytearray(f'{{"jsonrpc":"2.0","method":"{method}","params":{params}}}'.encode())
-    base[rng.randrange(len(base))] = rng.randrange(256)
-    return bytes(base)
-
-
-def agent_line(rng: random.Random, counter: int) -> bytes:
-    roll = rng.random()
-    if roll < 0.4:
-        return f'{{"jsonrpc":"2.0","method":"session/update","params":{value(rng)}}}'.encode()
-    if roll < 0.55:
-        source = f'"agent-{counter}-{odd_string(rng)}"'
-        return f'{{"jsonrpc":"2.0","id":{source},"method":"fs/read","params":{{}}}}'.encode()
-    if roll < 0.65:
-        return f'{{"jsonrpc":"2.0","id":{value(rng)},"result":{value(rng)}}}'.encode()
-    if roll < 0.75:
-        return (
-            f'[{{"jsonrpc":"2.0","method":"x/n","params":{value(rng)}}},'
-            f'{{"jsonrpc":"2.0","id":{value(rng)},"result":null}},{value(rng)}]'
-        ).encode()
-    if roll < 0.85:
-        return rng.choice([b"garbage", b"{", b"[]", b"\xff", b"[" * 3000 + b"]" * 3000, b"42"])
+def members_text(members: list[tuple[str, str]], rng: random.Random) -> str:
+    space = rng.choice(["", "", "", " "])
     return (
-        f'{{"jsonrpc":"2.0","method":"$/cancel_request","params":{{"requestId":{value(rng)}}}}}'
-    ).encode()
+        "{" + f",{space}".join(f"{json.dumps(key)}:{space}{value}" for key, value in members) + "}"
+    )
 
 
-def answers(lines: list[bytes]) -> list[Any]:
-    """The ids of the responses in ``lines``, batch members included, in order."""
-    found = []
-    for line in lines:
-        message = json.loads(line)
-        for member in message if isinstance(message, list) else [message]:
-            if isinstance(member, dict) and "method" not in member and "id" in member:
-                found.append(member["id"])
-    return found
+class Messages:
+    """Well-formed messages of each side as (member, source) lists, and their mutations."""
+
+    def __init__(self, rng: random.Random, values: Values, ids: Ids) -> None:
+        self.rng = rng
+        self.values = values
+        self.ids = ids
+        self.made: Counter[str] = Counter()
+
+    def params(self, method: str) -> list[tuple[str, str]]:
+        rng = self.rng
+        members = [("sessionId", json.dumps(rng.choice(["sess-1", "sess-2", "s"])))]
+        if method in ("session/new", "session/load", "session/resume", "session/fork"):
+            members += [("cwd", '"/"'), ("mcpServers", "[]")]
+            if rng.random() < 0.6:
+                text = odd_string(rng)
+                members.append(
+                    (
+                        "systemPrompt",
+                        f'{{"mode":"append","content":[{{"type":"text","text":{text}}}]}}',
+                    )
+                )
+        elif method == "$/cancel_request":
+            members = [("requestId", str(self.ids.counter - rng.randint(0, 20)))]
+        elif method == "initialize":
+            members = [("protocolVersion", "1")]
+        elif method == "session/prompt":
+            members.append(("prompt", '[{"type":"text","text":"hi"}]'))
+        members.append(("x", self.values.any(1)))
+        return members
+
+    def client_message(self) -> list[tuple[str, str]]:
+        rng = self.rng
+        method = rng.choice(CLIENT_METHODS)
+        params = members_text(self.params(method), rng)
+        roll = rng.random()
+        if roll < 0.5:
+            return [("jsonrpc", '"2.0"'), ("id", self.ids.fresh(rng)),
+                    ("method", json.dumps(method)), ("params", params)]  # fmt: skip
+        if roll < 0.8:
+            return [("jsonrpc", '"2.0"'), ("method", json.dumps(method)), ("params", params)]
+        return [("jsonrpc", '"2.0"'), ("id", self.values.any(2)), ("result", self.values.any())]
+
+    def agent_message(self, index: int) -> list[tuple[str, str]]:
+        rng = self.rng
+        method = rng.choice(AGENT_METHODS)
+        params = members_text([("sessionId", '"sess-1"'), ("update", self.values.any(1))], rng)
+        roll = rng.random()
+        if roll < 0.55:
+            return [("jsonrpc", '"2.0"'), ("method", json.dumps(method)), ("params", params)]
+        if roll < 0.75:
+            return [("jsonrpc", '"2.0"'), ("id", f'"agent-{index}"'),
+                    ("method", json.dumps(method)), ("params", params)]  # fmt: skip
+        if roll < 0.85:
+            return [("jsonrpc", '"2.0"'), ("method", '"$/cancel_request"'),
+                    ("params", f'{{"requestId":{self.values.any(2)}}}')]  # fmt: skip
+        member = rng.choice(["result", "error"])
+        value = self.values.any() if member == "result" else '{"code":-32000,"message":"no"}'
+        return [("jsonrpc", '"2.0"'), ("id", self.values.any(2)), (member, value)]
+
+    def mutate(self, members: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Every member of the message may get a value of any JSON type, go, come twice,
+        or move; params members too."""
+        rng = self.rng
+        members = list(members)
+        for _ in range(rng.randint(1, 2)):
+            roll = rng.random()
+            at = rng.randrange(len(members)) if members else 0
+            if roll < 0.45 and members:
+                key, value = members[at]
+                if key == "params" and value.startswith("{") and rng.random() < 0.5:
+                    inner = [(k, self.values.any(1)) for k in rng.sample(PARAM_KEYS, 2)]
+                    members[at] = (key, members_text(inner, rng))
+                else:
+                    members[at] = (key, self.values.any())
+                self.made[f"{key} retyped"] += 1
+            elif roll < 0.6 and members:
+                del members[at]
+                self.made["member dropped"] += 1
+            elif roll < 0.75:
+                members.insert(at, (rng.choice(KEYS), self.values.any()))
+                self.made["member added or repeated"] += 1
+            else:
+                rng.shuffle(members)
+        return members
 
 
-def answered_ids(lines: list[bytes]) -> set[Any]:
-    return {answered for answered in answers(lines) if isinstance(answered, (int, str))}
+@dataclass
+class Oracle:
+    """What the client sent that must (or may) be answered."""
+
+    must: set[Any] = field(default_factory=set)
+    ids: Counter[Any] = field(default_factory=Counter)
+    untouched: list[bytes] = field(default_factory=list)
+    lines: dict[Any, bytes] = field(default_factory=dict)  # for the report of a failure
+
+    def add(self, line: bytes) -> None:
+        """Read ``line`` as the bridge and the agent will: note the requests in it."""
+        try:
+            plain = read_json(line)  # what the in-memory agent can read
+            agent_reads = True
+        except (ValueError, RecursionError):
+            plain, agent_reads = None, False
+        try:
+            frame = jsonrpc.parse(line)
+        except jsonrpc.FrameError as exc:
+            # Answered, if at all, under the id the line named before its fault.
+            envelope, fault = json_stream.judge(line)
+            request_id = fault.request_id if fault is not None else envelope.request_id()
+            if isinstance(exc.request_id, (int, str)):
+                request_id = exc.request_id
+            if type(request_id) in (int, str):
+                self.ids[request_id] += 1
+                self.lines[request_id] = line
+            return
+        messages = frame.message if frame.kind is jsonrpc.Kind.BATCH else [frame.message]
+        intercepted_in_batch = frame.kind is jsonrpc.Kind.BATCH and any(
+            isinstance(m, dict) and m.get("method") in ("initialize", "session/new",
+            "session/load", "session/resume", "session/fork", "session/prompt") for m in messages
+        )  # fmt: skip
+        for member in messages:
+            if not isinstance(member, dict) or "id" not in member:
+                continue
+            request_id = member["id"]
+            if type(request_id) not in (int, str):
+                continue
+            self.ids[request_id] += 1
+            self.lines[request_id] = line
+            try:
+                kind = jsonrpc.classify_message(member, b"").kind
+            except jsonrpc.FrameError:
+                if "method" in member or frame.kind is jsonrpc.Kind.BATCH:
+                    self.must.add(request_id)  # the bridge answers it itself
+                continue
+            if kind is jsonrpc.Kind.REQUEST and (agent_reads or intercepted_in_batch):
+                self.must.add(request_id)
+        if (
+            plain is not None
+            and frame.kind is jsonrpc.Kind.NOTIFICATION
+            and frame.method in ("x/unknown", "_ext/method")
+        ):
+            self.untouched.append(line)
 
 
 def valid_jsonrpc(line: bytes) -> bool:
+    """Whether ``line`` is one valid JSON-RPC message or batch (of any depth)."""
     try:
         frame = jsonrpc.parse(line)
+    except jsonrpc.NestedTooDeeply:
+        envelope, fault = json_stream.judge(line)
+        if fault is not None:
+            return False
+        try:
+            envelope.kind()
+        except jsonrpc.FrameError:
+            return False
+        return True
     except jsonrpc.FrameError:
         return False
     members = frame.message if frame.kind is jsonrpc.Kind.BATCH else [frame.message]
@@ -184,13 +311,83 @@ def valid_jsonrpc(line: bytes) -> bool:
     return True
 
 
-async def test_random_frames_from_both_sides_never_break_the_bridge() -> None:
-    rng = random.Random(SEED)
-    ids = Ids()
-    requests: dict[Any, int] = {}
-    untouched: list[bytes] = []
-    client_received: list[bytes] = []
-    with trio.fail_after(120):
+class Lines:
+    """Whole lines of one side: messages, mutated or not, batches, and line-level damage."""
+
+    def __init__(self, rng: random.Random, messages: Messages, make: Any) -> None:
+        self.rng = rng
+        self.messages = messages
+        self.make = make
+        self.made: Counter[str] = Counter()
+
+    def message(self) -> str:
+        members = self.make()
+        if self.rng.random() < 0.6:
+            members = self.messages.mutate(members)
+        return members_text(members, self.rng)
+
+    def line(self) -> bytes:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.03:
+            self.made["blank or whitespace"] += 1
+            return rng.choice([b"", b"", b" ", b"\t", b"\r", b"  \r"])
+        if roll < 0.13:
+            self.made["batches"] += 1
+            members = [self.message() for _ in range(rng.randint(1, 4))]
+            if rng.random() < 0.3:
+                members.insert(rng.randrange(len(members) + 1), self.messages.values.any(2))
+            if rng.random() < 0.05:
+                members = ["[" + ",".join(members) + "]"]
+            return ("[" + ",".join(members) + "]").encode()
+        if roll < 0.14:
+            self.made["empty batches and non-objects"] += 1
+            return rng.choice([b"[]", b"{}", b"42", b'"x"', b"null"])
+        text = self.message().encode()
+        if roll < 0.16:
+            self.made["bytes changed"] += 1
+            at = rng.randrange(len(text))
+            byte = rng.choice([*range(10), *range(11, 256)])  # a newline would split it
+            return text[:at] + bytes([byte]) + text[at + 1 :]
+        if roll < 0.17:
+            self.made["cut short"] += 1
+            return text[: rng.randrange(len(text))]
+        if roll < 0.19:
+            self.made["crlf"] += 1
+            return text + b"\r"
+        return text
+
+
+@dataclass
+class Run:
+    """Both sides' generators, and what went each way."""
+
+    values: Values
+    messages: Messages
+    client_lines: Lines
+    agent_lines: Lines
+    oracle: Oracle = field(default_factory=Oracle)
+    sent_to_client: list[bytes] = field(default_factory=list)
+    client_received: list[bytes] = field(default_factory=list)
+    agent_received: list[bytes] = field(default_factory=list)
+
+    @classmethod
+    def seeded(cls, seed: int) -> Run:
+        rng = random.Random(seed)
+        values = Values(rng)
+        messages = Messages(rng, values, Ids())
+        count = iter(range(1, 1 << 30))
+        return cls(
+            values,
+            messages,
+            Lines(rng, messages, messages.client_message),
+            Lines(rng, messages, lambda: messages.agent_message(next(count))),
+        )
+
+    async def relay(self) -> None:
+        """Both sides write their lines, a few per write; the client then checks that
+        the bridge still serves and waits for the answers it must get."""
+        received = self.client_received
         async with bridge_over_memory(adapter="first-turn") as (client, agent):
 
             async def read_client() -> None:
@@ -200,45 +397,100 @@ async def test_random_frames_from_both_sides_never_break_the_bridge() -> None:
                         if not data:
                             return
                         client.buffer += data
-                    line, client.buffer = client.buffer.split(b"\n", 1)
-                    client_received.append(line)
+                    *lines, client.buffer = client.buffer.split(b"\n")
+                    received.extend(lines)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_client)
-                for index in range(max(CLIENT_LINES, AGENT_LINES)):
-                    if index < CLIENT_LINES:
-                        line = client_line(rng, ids, requests)
-                        unknown = line.startswith(b'{"jsonrpc":"2.0","method":"x/unknown"')
-                        if unknown and valid_jsonrpc(line) and "id" not in json.loads(line):
-                            untouched.append(line)
-                        await client.send_stream.send_all(line + b"\n")
-                    if index < AGENT_LINES:
-                        await agent.send_raw(agent_line(rng, index))
-                    if index % 100 == 0:
-                        await trio.testing.wait_all_tasks_blocked()
-                # Still serving.
+                for start in range(0, max(CLIENT_LINES, AGENT_LINES), LINES_PER_WRITE):
+                    count = min(LINES_PER_WRITE, CLIENT_LINES - start)
+                    from_client = [self.client_lines.line() for _ in range(count)]
+                    for line in from_client:
+                        self.oracle.add(line.removesuffix(b"\r"))
+                    if from_client:
+                        await client.send_stream.send_all(b"\n".join(from_client) + b"\n")
+                    count = min(LINES_PER_WRITE, AGENT_LINES - start)
+                    from_agent = [self.agent_lines.line() for _ in range(count)]
+                    self.sent_to_client += from_agent
+                    if from_agent:
+                        await agent.send_bytes(b"\n".join(from_agent) + b"\n")
+                    await trio.testing.wait_all_tasks_blocked()
                 await client.send_stream.send_all(
                     b'{"jsonrpc":"2.0","id":"alive","method":"_test/echo","params":{}}\n'
                 )
-                with trio.fail_after(10):
-                    while not any(b'"alive"' in line for line in client_received):
+                with trio.fail_after(20):
+                    while not any(b'"alive"' in line for line in received):
                         await trio.sleep(0.01)
                 # Answers held behind a session's interception (a store call in a worker
                 # thread, say) may still be on their way.
                 with trio.move_on_after(20):
-                    while set(requests) - answered_ids(client_received):
+                    while self.oracle.must - answered_ids(received):
                         await trio.sleep(0.05)
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.cancel_scope.cancel()
+            self.agent_received = agent.received_raw
 
+
+async def test_mutated_frames_from_both_sides_never_break_the_bridge() -> None:
+    run = Run.seeded(SEED)
+    with trio.fail_after(300):
+        await run.relay()
+    oracle, values, messages = run.oracle, run.values, run.messages
+    client_lines, agent_lines = run.client_lines, run.agent_lines
+    client_received, agent_received = run.client_received, run.agent_received
+    sent_to_client = run.sent_to_client
     invalid_to_client = [line for line in client_received if not valid_jsonrpc(line)]
-    invalid_to_agent = [line for line in agent.received_raw if not valid_jsonrpc(line)]
-    assert invalid_to_client == []
-    assert invalid_to_agent == []
-    for answered in answers(client_received):
-        if answered in requests:
-            requests[answered] += 1
-    unanswered = [rid for rid, count in requests.items() if count == 0]
-    twice = [rid for rid, count in requests.items() if count > 1]
-    assert (len(unanswered), len(twice)) == (0, 0), (unanswered[:5], twice[:5])
-    assert untouched and all(line in agent.received_raw for line in untouched)
+    invalid_to_agent = [line for line in agent_received if not valid_jsonrpc(line)]
+    answered = Counter(answers(client_received))
+    own = {rid for rid, count in oracle.ids.items() if count == 1}
+    unanswered = sorted(oracle.must - set(answered), key=str)
+    twice = sorted((rid for rid in own if answered[rid] > 1), key=str)
+    sent_whole = {line.removesuffix(b"\r") for line in sent_to_client}
+    updates = [line for line in client_received if is_notification(line, b"session/update")]
+    print(
+        f"\nrelay fuzz: {CLIENT_LINES} client lines, {AGENT_LINES} agent lines; "
+        f"made {dict(client_lines.made + agent_lines.made)}, {dict(values.made)}, "
+        f"{dict(messages.made)}; the client got {len(client_received)} lines "
+        f"({sum(answered.values())} answers, {len(oracle.must)} requests that must be "
+        f"answered), the agent {len(agent_received)}; {len(invalid_to_client)} invalid "
+        f"to the client, {len(invalid_to_agent)} to the agent, {len(unanswered)} "
+        f"unanswered, {len(twice)} answered twice"
+    )
+    assert invalid_to_client == [], invalid_to_client[:3]
+    assert invalid_to_agent == [], invalid_to_agent[:3]
+    assert (unanswered, twice) == ([], []), [
+        (rid, oracle.lines.get(rid, rid)[:300]) for rid in [*unanswered[:5], *twice[:5]]
+    ]
+    missing = [line for line in oracle.untouched if line not in agent_received]
+    assert oracle.untouched and not missing, missing[:3]
+    # Updates nothing was changed in arrive as the agent wrote them.
+    changed = [line for line in updates if line not in sent_whole]
+    assert updates and not changed, changed[:3]
+    assert values.made["deep values"] > 300 and values.made["huge numbers"] > 3000
+
+
+def is_notification(line: bytes, method: bytes) -> bool:
+    if not line.startswith(b"{") or method not in line[:80]:
+        return False
+    try:
+        return jsonrpc.parse(line).kind is jsonrpc.Kind.NOTIFICATION
+    except jsonrpc.FrameError:
+        return False
+
+
+def answers(lines: list[bytes]) -> list[Any]:
+    """The ids of the responses in ``lines``, batch members included, in order."""
+    found = []
+    for line in lines:
+        try:
+            message = read_json(line)
+        except (ValueError, RecursionError):  # deeper than the agent reads
+            message = json_stream.judge(line)[0].skeleton()
+        for member in message if isinstance(message, list) else [message]:
+            if isinstance(member, dict) and "method" not in member and "id" in member:
+                found.append(member["id"])
+    return found
+
+
+def answered_ids(lines: list[bytes]) -> set[Any]:
+    return {answered for answered in answers(lines) if isinstance(answered, (int, str))}

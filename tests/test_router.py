@@ -305,3 +305,22 @@ def test_an_agent_answering_a_request_twice_reaches_the_client_once(caplog: Any)
     assert wire.take(CLIENT) == [result(1, {"first": True}), [notification("x/n")]]
     dropped = [r.getMessage() for r in caplog.records if "no request" in r.getMessage()]
     assert len(dropped) == 3
+
+
+def test_a_refused_batch_answers_every_member_that_names_an_id() -> None:
+    wire = Wire()
+    wire.router.intercepted = LIFECYCLE
+    wire.client(
+        [
+            request(1, "session/new", cwd="/"),
+            {"jsonrpc": "2.0", "id": 2, "params": {}},  # no method, no result
+            {"jsonrpc": "2.0", "id": 3, "method": ["x"]},
+            {"jsonrpc": "2.0", "id": [4], "method": "x"},  # no id to answer under
+            notification("x/n"),
+            result(5),
+        ]
+    )
+    (errors,) = wire.take(CLIENT)
+    assert [e["id"] for e in errors] == [1, 2, 3]
+    assert {e["error"]["code"] for e in errors} == {jsonrpc.INVALID_REQUEST}
+    assert wire.take(0) == []

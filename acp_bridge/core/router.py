@@ -336,20 +336,24 @@ class Router:
         ]
         if intercepted:
             # Refused whole: answering part of it would split what the client sent as one.
-            errors = [
-                jsonrpc.error_response(
-                    member.get("id"),
-                    jsonrpc.INVALID_REQUEST,
-                    f"The method {member.get('method')} must not be sent in a batch."
-                    if member in intercepted
-                    else "The batch holds session requests, which must not be batched.",
-                )
-                for member in members
-                if isinstance(member, dict)
-                and "method" in member
-                and "id" in member
-                and is_request_id(member["id"])
-            ]
+            # Every member that expects an answer gets one: each request, and each member
+            # that is not a message but names an id it can be answered under.
+            errors = []
+            for member, kind in zip(members, kinds, strict=True):
+                if not (
+                    isinstance(member, dict)
+                    and "id" in member
+                    and is_request_id(member["id"])
+                    and (kind is Kind.REQUEST or isinstance(kind, jsonrpc.FrameError))
+                ):
+                    continue
+                if isinstance(kind, jsonrpc.FrameError):
+                    reason = f"A batch member is not a JSON-RPC message: {kind.message}"
+                elif member in intercepted:
+                    reason = f"The method {member['method']} must not be sent in a batch."
+                else:
+                    reason = "The batch holds session requests, which must not be batched."
+                errors.append(jsonrpc.error_response(member["id"], jsonrpc.INVALID_REQUEST, reason))
             if errors:
                 self.sink(CLIENT, jsonrpc.encode(errors))
             return
