@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
+import trio
 from acp_bridge.adapters.claude import (
     SUCCESSOR_NAME,
     ClaudeAdapter,
@@ -16,6 +14,7 @@ from acp_bridge.adapters.claude import (
     parse_version,
     system_prompt_meta,
 )
+from conftest import OpenMemoryBridge
 
 from acp_bridge.core.system_prompt import SystemPrompt
 
@@ -98,29 +97,32 @@ ROOT_REFUSAL = (
     "Internal error: --dangerously-skip-permissions cannot be used with root/sudo privileges "
     "for security reasons"
 )
-FAKE_AGENT = str(Path(__file__).with_name("fake_agent.py"))
-INIT = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
-NEW = b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
+INIT = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}'
+NEW = b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}'
 
 
-def session_new_error(message: str) -> tuple[dict[str, Any], bytes]:
-    """session/new through the real command line in front of a fake claude-agent-acp whose
-    session/new fails with ``message``; the error and the raw line the client got."""
-    agent = [sys.executable, FAKE_AGENT, "--name", SUCCESSOR_NAME]
-    agent += ["--fail-method", "session/new", "--fail-message", message]
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--", *agent],
-        input=INIT + NEW,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    (line,) = [raw for raw in done.stdout.splitlines() if json.loads(raw).get("id") == 2]
+async def session_new_error(
+    open_memory_bridge: OpenMemoryBridge, message: str
+) -> tuple[dict[str, Any], bytes]:
+    """session/new through the bridge in front of a fake claude-agent-acp whose session/new
+    fails with ``message``; the error and the raw line the client got."""
+    agent = ["--name", SUCCESSOR_NAME, "--fail-method", "session/new", "--fail-message", message]
+    with trio.fail_after(30):
+        async with open_memory_bridge(*agent) as bridge:
+            await bridge.send_line(INIT)
+            await bridge.send_line(NEW)
+            await bridge.response_to(2)
+            await bridge.close_stdin()
+            await bridge.read_to_eof()
+    lines = bytes(bridge.received).splitlines()
+    (line,) = [raw for raw in lines if json.loads(raw).get("id") == 2]
     return json.loads(line)["error"], line
 
 
-def test_the_root_refusal_gets_a_hint_about_is_sandbox() -> None:
-    error, _ = session_new_error(ROOT_REFUSAL)
+async def test_the_root_refusal_gets_a_hint_about_is_sandbox(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
+    error, _ = await session_new_error(open_memory_bridge, ROOT_REFUSAL)
     assert error["code"] == -32603
     message = error["message"]
     assert message.startswith(ROOT_REFUSAL)  # the agent's words first, as sent
@@ -128,8 +130,10 @@ def test_the_root_refusal_gets_a_hint_about_is_sandbox() -> None:
         assert words in message, message
 
 
-def test_other_session_new_errors_pass_as_sent() -> None:
-    _, line = session_new_error("session/new failed on purpose")
+async def test_other_session_new_errors_pass_as_sent(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
+    _, line = await session_new_error(open_memory_bridge, "session/new failed on purpose")
     assert line == (
         b'{"jsonrpc": "2.0", "id": 2, "error": {"code": -32603, '
         b'"message": "session/new failed on purpose"}}'
