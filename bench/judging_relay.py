@@ -39,7 +39,7 @@ from typing import Final
 import trio
 from trio.lowlevel import FdStream, wait_readable, wait_writable
 
-from acp_bridge.json_stream import LineValidator
+from acp_bridge.wire.json_stream import LineValidator
 
 READ_CHUNK: Final = 128 * 1024  # the bridge's (relay.READ_CHUNK)
 PIPE_SIZE: Final = 1 << 20  # what the bridge widens its pipes to
