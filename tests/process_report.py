@@ -28,8 +28,9 @@ import pytest
 OPTION = "--report-processes"
 # Tests of these marks are left out of the counts: they exist to run real programs.
 PROCESS_MARKS = ("e2e", "container")
-# How many files the report lists.
+# How many files the report lists: all that start processes, the costliest of the rest.
 TOP_FILES = 60
+TOP_IN_MEMORY = 10
 
 
 def cpu_seconds() -> float:
@@ -143,12 +144,24 @@ class ProcessReport:
             f"of their CPU ({starting_cpu:.1f} of {tests_cpu:.1f} s)"
         )
         write(f"run: {wall:.1f} s wall, {cpu:.1f} s CPU (this process and its children)")
+        write("files of the tests that started one, by CPU:")
+        self._by_file(write, starting, TOP_FILES, starts=True)
+        in_memory = {node: c for node, c in self.costs.items() if not c.processes}
+        write("files of the tests that started none, by CPU:")
+        self._by_file(write, in_memory, TOP_IN_MEMORY, starts=False)
+
+    @staticmethod
+    def _by_file(
+        write: Callable[[str], None], costs: dict[str, TestCost], top: int, *, starts: bool
+    ) -> None:
         by_file: dict[str, list[TestCost]] = defaultdict(list)
-        for node, cost in starting.items():
+        for node, cost in costs.items():
             by_file[node.split("::", 1)[0]].append(cost)
         ranked = sorted(by_file.items(), key=lambda kv: -sum(c.cpu for c in kv[1]))
-        for path, costs in ranked[:TOP_FILES]:
+        for path, file_costs in ranked[:top]:
+            started = f"{sum(c.processes for c in file_costs)} starts, " if starts else ""
             write(
-                f"  {path}: {len(costs)} tests, {sum(c.processes for c in costs)} starts, "
-                f"{sum(c.wall for c in costs):.1f} s wall, {sum(c.cpu for c in costs):.1f} s CPU"
+                f"  {path}: {len(file_costs)} tests, {started}"
+                f"{sum(c.wall for c in file_costs):.1f} s wall, "
+                f"{sum(c.cpu for c in file_costs):.1f} s CPU"
             )

@@ -50,6 +50,9 @@ def test_report_counts_the_tests_that_started_a_process(pytester: pytest.Pyteste
             "2 of 3 tests (not e2e/container) started an OS process (67 %); 2 starts",
             "their share: * % of the tests' wall time *",
             "run: * s wall, * s CPU (this process and its children)",
+            "files of the tests that started one, by CPU:",
             "  test_mixed.py: 2 tests, 2 starts, *",
+            "files of the tests that started none, by CPU:",
+            "  test_mixed.py: 1 tests, * s wall, * s CPU",
         ]
     )
