@@ -14,13 +14,24 @@ serves such an agent with several processes behind one client connection:
   was first, so it is live in one process at a time;
 * a process without a live session is stopped after ``idle_timeout`` seconds; at most
   ``max_processes`` run at once (the primary included) and past that a new prompt gets a
-  clear error; every process is stopped and every private file removed on shutdown.
+  clear error; every process is stopped and every private file removed on shutdown;
+* with ``spare: true``, where the agent reads its prompt files only when a session starts
+  (the adapter names those prompt modes in :attr:`PoolAdapter.spare_modes`), a *spare*
+  process is started in the background after a new prompt's process: started and
+  initialized with a private folder that holds no prompt yet, it is claimed by the next
+  new prompt of its mode, whose files are written into its folder before ``session/new``
+  is forwarded to it, so that prompt does not wait for the agent's cold start. A spare
+  only takes a free place under ``max_processes`` (it is the first process stopped to make
+  room), is stopped after ``idle_timeout`` unclaimed, and is never started for a mode the
+  agent reads at start. It is one more agent process while it waits, so it is off unless
+  asked for.
 
 A subclass only says how a prompt becomes a process: :meth:`PoolAdapter.process_config`
 gets the prompt and a :class:`~acp_bridge.supervision.private_dirs.PrivateDir` (mode 0700, made for
 that one process, removed when it stops; a watchdog removes it should the bridge be
 killed, and a bridge starting with the same adapter removes what a dead one left) and
-returns the extra arguments and environment. Options come from
+returns the extra arguments and environment; for a spare, :meth:`PoolAdapter.spare_config`
+and :meth:`PoolAdapter.fill_spare` split that in two. Options come from
 ``bridge.adapter_options.<adapter name>`` (:class:`PoolOptions`).
 
 Only the public :class:`~acp_bridge.adapter.AdapterContext` is used: a process that exits
@@ -119,6 +130,8 @@ class PoolOptions(BaseModel):
     """Seconds a prompt's process may run without a live session before it is stopped."""
     max_processes: int = Field(default=8, ge=1)
     """Agent processes at once, the primary included."""
+    spare: bool = False
+    """Keep a spare process started for the next new prompt, where the agent allows it."""
 
 
 def prompt_key(prompt: SystemPrompt | None) -> str | None:
@@ -137,6 +150,8 @@ class PooledProcess:
     busy: int = 0
     """Lifecycle calls using this process right now; a busy process is never reaped."""
     idle_since: float | None = None
+    spare_mode: str | None = None
+    """The prompt mode a spare process was prepared for; None once claimed (or never a spare)."""
 
     @property
     def key(self) -> str | None:
@@ -170,6 +185,12 @@ class PoolAdapter(Adapter):
     keeps the session's writer): a reopen in another process that the agent refuses as
     still held (:meth:`still_releasing`) stops the pool process the session was closed
     in, when that one holds no other session, and is tried again."""
+    spare_modes: ClassVar[frozenset[str]] = frozenset()
+    """The prompt modes in which the agent reads its prompt files only when a session
+    starts, not when the process starts: a spare process can be started before the
+    prompt is known (:meth:`spare_config`, :meth:`fill_spare`). Name a mode here only once
+    a test against the real agent has shown it (a file written after ``initialize``
+    reaches the model)."""
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -195,6 +216,10 @@ class PoolAdapter(Adapter):
         self._reaper_running = False
         self._reserved = 0
         self._stopping = False
+        self._spare: PooledProcess | None = None
+        """A started process no prompt has claimed yet (see :meth:`spare_config`)."""
+        self._spare_starting: tuple[str, trio.Event] | None = None
+        """The mode of a spare being started, and the event set when that start ends."""
         self._keeper: Watchdog | None = None
         """The watchdog of the private folders: started with the first one."""
         self._sweep()
@@ -218,6 +243,22 @@ class PoolAdapter(Adapter):
         capability natively (codex-acp 2.x: append) keeps those sessions in the primary and
         gets the prompt in the request; the pool starts processes only for the rest."""
         return prompt
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
+        """How a process is started for a ``mode`` prompt (one of :attr:`spare_modes`) that
+        is not known yet. Write no prompt text: ``private`` holds none until the process is
+        claimed. Raise :class:`PromptRefused` when no spare can be prepared.
+        """
+        raise NotImplementedError
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        """Write ``prompt``'s files into a spare's ``private`` folder (prepared by
+        :meth:`spare_config` for ``prompt.mode``), before its first session starts; the
+        process then serves ``prompt`` as one :meth:`process_config` started would.
+
+        Raise :class:`PromptRefused` for a prompt this agent cannot take.
+        """
+        raise NotImplementedError
 
     def private_root(self) -> Path | None:
         """Where the private directories are made; None: the system's temporary folder."""
@@ -275,20 +316,22 @@ class PoolAdapter(Adapter):
             return None
         return pooled
 
-    async def _process_for(self, prompt: SystemPrompt | None) -> PooledProcess:
-        """The process serving ``prompt``, started if needed; marked busy for the caller."""
+    async def _process_for(self, prompt: SystemPrompt | None) -> tuple[PooledProcess, bool]:
+        """The process serving ``prompt``, started (or a spare claimed) if needed, marked
+        busy for the caller; and whether it was started for this call."""
         prompt = self.process_prompt(prompt)
         key = prompt_key(prompt)
         if key is None or prompt is None:
             pooled = self._primary()
             pooled.busy += 1
-            return pooled
+            return pooled, False
         lock = self._starting.setdefault(key, trio.Lock())
         try:
             async with lock:
-                pooled = self._live(key) or await self._start(prompt)
-                pooled.busy += 1
-                return pooled
+                live = self._live(key)
+                served = live or await self._start(prompt)
+                served.busy += 1
+                return served, live is None
         finally:
             if not lock.locked() and lock.statistics().tasks_waiting == 0:
                 self._starting.pop(key, None)  # one lock per prompt ever seen, otherwise
@@ -315,9 +358,10 @@ class PoolAdapter(Adapter):
     async def _start(self, prompt: SystemPrompt) -> PooledProcess:
         if self._stopping:
             raise PromptRefused("The bridge is shutting down.")
-        if self._keeper is None:
-            self._keeper = Watchdog.start()
-        private = PrivateDir.create(self._private_prefix(), self.private_root(), self._keeper)
+        claimed = await self._claim_spare(prompt)
+        if claimed is not None:
+            return claimed
+        private = self._private_dir()
         try:
             config = self.process_config(prompt, private)
             check_process_config(config, prompt, self.agent_label)
@@ -340,13 +384,98 @@ class PoolAdapter(Adapter):
         self.pool[pooled.key] = pooled
         self.log.info("%s serves %s prompt %s", link.name, prompt.mode, pooled.key)
         self.context.start_soon(self._watch_exit, pooled)
+        self._start_reaper()
+        return pooled
+
+    def _private_dir(self) -> PrivateDir:
+        """A new private folder, named to the watchdog before anything is written in it."""
+        if self._keeper is None:
+            self._keeper = Watchdog.start()
+        return PrivateDir.create(self._private_prefix(), self.private_root(), self._keeper)
+
+    def _start_reaper(self) -> None:
         if not self._reaper_running:
             self._reaper_running = True
             self.context.start_soon(self._reap_idle)
-        return pooled
+
+    # ------------------------------------------------------------------ spares
+
+    async def _claim_spare(self, prompt: SystemPrompt) -> PooledProcess | None:
+        """The spare process, now serving ``prompt``, if one of its mode runs or is being
+        started (that start is waited for: it is further on than a new one would be)."""
+        starting = self._spare_starting
+        if starting is not None and starting[0] == prompt.mode and self._spare is None:
+            await starting[1].wait()
+        spare = self._spare
+        if spare is None or spare.spare_mode != prompt.mode or spare.link.closed:
+            return None
+        assert spare.private is not None
+        self._spare = None
+        try:
+            self.fill_spare(prompt, spare.private)
+        except BaseException:
+            # It may hold part of a refused prompt now: it serves nothing else.
+            self.context.start_soon(self._stop, spare, "its prompt was refused")
+            raise
+        spare.prompt, spare.spare_mode = prompt, None
+        self.pool[spare.key] = spare
+        self.log.info("%s (spare) serves %s prompt %s", spare.link.name, prompt.mode, spare.key)
+        return spare
+
+    async def _prepare_spare(self, mode: str) -> None:
+        """Start a spare process for the next new ``mode`` prompt, if the agent allows one
+        and a place under ``max_processes`` is free (no process is stopped for it)."""
+        current = self._spare
+        if (
+            not self.options.spare
+            or mode not in self.spare_modes
+            or self._stopping
+            or self._spare_starting is not None
+            or (current is not None and current.spare_mode == mode)
+        ):
+            return
+        if current is not None:
+            await self._stop(current, f"a spare for {mode} prompts replaces it")
+        if self._running() >= self.options.max_processes:
+            return
+        done = trio.Event()
+        self._spare_starting = (mode, done)
+        self._reserved += 1
+        try:
+            await self._start_spare(mode)
+        finally:
+            self._reserved -= 1
+            self._spare_starting = None
+            done.set()
+            self._changed.set()
+
+    async def _start_spare(self, mode: str) -> None:
+        private = self._private_dir()
+        try:
+            config = self.spare_config(mode, private)
+            link = await self.context.spawn_agent(
+                list(config.args), dict(config.env), [str(private.path)]
+            )
+        except (PromptRefused, AgentStartError, AgentError, AgentExited, OSError) as exc:
+            private.remove()
+            self.log.info("no spare %s process: %s", self.agent_label, exc)
+            return
+        except BaseException:
+            private.remove()
+            raise
+        spare = PooledProcess(link, None, private, spare_mode=mode)
+        spare.idle_since = trio.current_time()
+        self._spare = spare
+        self.context.start_soon(self._watch_exit, spare)
+        self._start_reaper()
+        self.log.info("%s started as a spare for %s prompts", link.name, mode)
+        if self._stopping:
+            await self._stop(spare, "shutdown")
 
     def _forget(self, pooled: PooledProcess, *, keep_files: bool = False) -> None:
-        if self.pool.get(pooled.key) is pooled:
+        if self._spare is pooled:
+            self._spare = None
+        elif self.pool.get(pooled.key) is pooled:
             del self.pool[pooled.key]
         for session_id in list(pooled.sessions):
             if self.home.get(session_id) is pooled:
@@ -370,14 +499,16 @@ class PoolAdapter(Adapter):
         """Drop a process that exited on its own, with its private files (one the pool
         stopped itself is no longer in the pool: it cleaned up then)."""
         await pooled.link.wait_closed()
-        if self.pool.get(pooled.key) is pooled:
+        claimed = pooled.prompt is not None and self.pool.get(pooled.key) is pooled
+        if self._spare is pooled or claimed:
             # The relay logs how it exited; a crash is a warning there.
             self.log.info("%s exited; its sessions are gone", pooled.link.name)
             self._forget(pooled)
 
     def _running(self) -> int:
-        """Processes running or being started, the primary included."""
-        return 1 + sum(1 for key in self.pool if key is not None) + self._reserved
+        """Processes running or being started, the primary and a spare included."""
+        spare = 0 if self._spare is None else 1
+        return 1 + sum(1 for key in self.pool if key is not None) + spare + self._reserved
 
     async def _make_room(self) -> None:
         """Reserve a place under ``max_processes``: stop the longest-idle process, or refuse."""
@@ -388,6 +519,9 @@ class PoolAdapter(Adapter):
             if self._running() < self.options.max_processes:
                 self._reserved += 1
                 return
+            if self._spare is not None:
+                await self._stop(self._spare, "making room for another prompt")
+                continue
             idle = [p for p in self.pool.values() if p.reapable]
             if not idle:
                 raise PromptRefused(
@@ -414,9 +548,20 @@ class PoolAdapter(Adapter):
                 for p in self.pool.values()
                 if p.reapable and p.idle_since is not None
             ]
+            spare = self._spare
+            if spare is not None and spare.idle_since is not None:
+                deadlines.append(spare.idle_since + self.options.idle_timeout)
             with trio.move_on_at(min(deadlines, default=math.inf)):
                 await self._changed.wait()
             now = trio.current_time()
+            spare = self._spare
+            if (
+                spare is not None
+                and spare.idle_since is not None
+                and now >= spare.idle_since + self.options.idle_timeout
+                and not self._stopping
+            ):
+                await self._stop(spare, "an unclaimed spare, idle")
             for pooled in list(self.pool.values()):
                 expired = (
                     pooled.reapable
@@ -451,7 +596,7 @@ class PoolAdapter(Adapter):
         A prompt the agent cannot take, refused on the way, is the client's answer.
         """
         try:
-            pooled = await self._process_for(call.prompt)
+            pooled, started = await self._process_for(call.prompt)
         except PromptRefused as exc:
             return exc.reply()
         try:
@@ -464,6 +609,10 @@ class PoolAdapter(Adapter):
             return exc.reply()
         finally:
             self._release(pooled)
+            if started and pooled.prompt is not None:
+                # The next new prompt of this mode need not wait for a cold start. Started
+                # after this call, so as not to slow its session/new.
+                self.context.start_soon(self._prepare_spare, pooled.prompt.mode)
 
     async def _open(self, call: LifecycleCall) -> Reply:
         """session/new, session/fork: the new session lives in its prompt's process."""
@@ -595,8 +744,11 @@ class PoolAdapter(Adapter):
         self._stopping = True
         self._changed.set()
         with trio.CancelScope(shield=True):
-            for pooled in [p for key, p in list(self.pool.items()) if key is not None]:
+            started = [p for key, p in list(self.pool.items()) if key is not None]
+            for pooled in [*started, *([self._spare] if self._spare else [])]:
                 await self._stop(pooled, "shutdown")
         keeper, self._keeper = self._keeper, None
-        if keeper is not None:
+        if keeper is not None and self._spare_starting is None:
             keeper.release()
+        # Otherwise a spare being started still has its folder: the watchdog removes it
+        # when the bridge exits, should the start not end in time for the bridge to.

@@ -15,7 +15,10 @@ is offered; no route replaces Copilot's own prompt, so ``override`` is not.
 
 Sessions live under the user's ``~/.copilot``, shared by every process, and the system
 message is rebuilt from the serving process's instructions on every turn: a session
-loaded in the process of another prompt gets that prompt.
+loaded in the process of another prompt gets that prompt. Copilot reads the file only
+when a session starts (a file written after ``initialize`` reaches the model,
+``tests/e2e/test_copilot.py``), so the pool keeps a spare process whose file it writes
+when the next new prompt claims it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class CopilotAdapter(PoolAdapter):
     description = "copilot --acp: one process per distinct prompt, a private instructions file"
     agent_label = "copilot"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"append"})
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=False)
@@ -68,6 +72,10 @@ class CopilotAdapter(PoolAdapter):
                 {"field": "systemPrompt.mode"},
                 INVALID_PARAMS,
             )
+        self.fill_spare(prompt, private)
+        return self.spare_config(prompt.mode, private)
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         try:
             private.write(INSTRUCTIONS_FILE, file_text(prompt.text))
         except UnicodeEncodeError as exc:
@@ -77,6 +85,8 @@ class CopilotAdapter(PoolAdapter):
                 {"field": "systemPrompt.content"},
                 INVALID_PARAMS,
             ) from None
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment()
         own = (os.environ if environment is None else environment).get(DIRS_VARIABLE)
         dirs = instruction_dirs(own, str(private.path))

@@ -24,6 +24,11 @@ of three or more newlines become two (it does that to its whole system instructi
 
 Each file is written once, when its process starts, and never rewritten: gemini re-reads
 them for every live session of the process whenever one session reloads its memory.
+gemini reads the context file only when a session starts (a file written after
+``initialize`` reaches the model, ``tests/e2e/test_gemini.py``), so for append prompts the
+pool keeps a spare process whose private home is ready but for that file, written when
+the next new append prompt claims it. ``GEMINI_SYSTEM_MD`` is read during ``initialize``
+(gemini 0.61.0 refuses to initialize while the file is missing): no spare for override.
 
 gemini 0.61.0 advertises ``loadSession`` but its ``session/load`` fails ("No previous
 sessions found for this project."): the bridge passes that answer on unchanged. It has
@@ -106,6 +111,7 @@ class GeminiAdapter(PoolAdapter):
     description = "gemini --acp: one process per distinct prompt (GEMINI_SYSTEM_MD, context file)"
     agent_label = "gemini"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"append"})
 
     @classmethod
     def broken_methods(cls, initialize_result: JsonObject) -> dict[str, str]:
@@ -119,21 +125,24 @@ class GeminiAdapter(PoolAdapter):
         return {}
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        if not prompt.text.strip():
-            # An empty context file adds nothing, an empty GEMINI_SYSTEM_MD gives the model
-            # no instructions at all: neither is what the client asked for.
-            raise PromptRefused(
-                "gemini trims the system prompt, and this one is only whitespace.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            )
+        check_not_blank(prompt)
         if prompt.mode == "override":
             path = private.write(OVERRIDE_FILE, protect_placeholders(prompt.text))
             return ProcessConfig(env={"GEMINI_SYSTEM_MD": str(path)})
-        return ProcessConfig(env={"GEMINI_CLI_HOME": str(self._private_home(prompt, private))})
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
 
-    def _private_home(self, prompt: SystemPrompt, private: PrivateDir) -> Path:
-        """A home whose ``.gemini`` is the user's, plus the bridge's context file."""
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
+        return ProcessConfig(env={"GEMINI_CLI_HOME": str(self._private_home(private))})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        check_not_blank(prompt)
+        private.write(f"{GEMINI_DIR}/{APPEND_FILE}", prompt.text)
+
+    def _private_home(self, private: PrivateDir) -> Path:
+        """A home whose ``.gemini`` is the user's, plus settings naming the bridge's
+        context file (written by :meth:`fill_spare`)."""
         # The agent's own environment where the relay tells it (a configured HOME).
         user_dir = user_gemini_dir(self.agent_environment() or os.environ)
         settings = merged_settings(user_dir / SETTINGS_FILE)
@@ -143,5 +152,15 @@ class GeminiAdapter(PoolAdapter):
                 if entry.name not in (SETTINGS_FILE, APPEND_FILE):
                     private.link(f"{GEMINI_DIR}/{entry.name}", entry)
         private.write(f"{GEMINI_DIR}/{SETTINGS_FILE}", json.dumps(settings, indent=2))
-        private.write(f"{GEMINI_DIR}/{APPEND_FILE}", prompt.text)
         return own.parent
+
+
+def check_not_blank(prompt: SystemPrompt) -> None:
+    if not prompt.text.strip():
+        # An empty context file adds nothing, an empty GEMINI_SYSTEM_MD gives the model
+        # no instructions at all: neither is what the client asked for.
+        raise PromptRefused(
+            "gemini trims the system prompt, and this one is only whitespace.",
+            {"field": "systemPrompt.content"},
+            INVALID_PARAMS,
+        )

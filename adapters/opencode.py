@@ -24,6 +24,11 @@ process; a session records only its agent's name, and the prompt comes from the 
 that serves it. So ``session/load`` / ``session/resume`` in the process of the prompt the
 session should run with (the stored one under ``on_omitted: keep``) gets exactly that
 prompt, after a bridge restart too, and a changed prompt applies in full.
+
+opencode reads ``OPENCODE_CONFIG`` only when the first session in a folder starts (a file
+written after ``initialize`` reaches the model, ``tests/e2e/test_opencode.py``), so the
+pool keeps a spare process, named a configuration file that does not exist yet, and
+writes the file when the next new prompt claims it.
 """
 
 from __future__ import annotations
@@ -87,8 +92,14 @@ class OpencodeAdapter(PoolAdapter):
     description = "opencode acp: one process per distinct prompt, set in a private config file"
     agent_label = "opencode"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"append", "override"})
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment()
         own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
         if own:
@@ -99,6 +110,9 @@ class OpencodeAdapter(PoolAdapter):
                 f"opencode's global config file or unset {CONFIG_VARIABLE}.",
                 {"variable": CONFIG_VARIABLE},
             )
+        return ProcessConfig(env={CONFIG_VARIABLE: str(private.path / CONFIG_FILE)})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         if prompt.mode == "override" and not prompt.text:
             # opencode treats an empty agent prompt as none and uses its own.
             raise PromptRefused(
@@ -110,5 +124,4 @@ class OpencodeAdapter(PoolAdapter):
         if prompt.mode == "append":
             path = private.write(INSTRUCTIONS_FILE, utf8_text(prompt.text, prompt.mode))
             instructions = str(path)
-        config = private.write(CONFIG_FILE, config_json(prompt_config(prompt, instructions)))
-        return ProcessConfig(env={CONFIG_VARIABLE: str(config)})
+        private.write(CONFIG_FILE, config_json(prompt_config(prompt, instructions)))

@@ -7,7 +7,9 @@ the project's ``QWEN.md``/``AGENTS.md``), ``---``, the appended prompt, ``---``,
 
 * **override**: a process with ``QWEN_SYSTEM_MD=<private file>``; qwen uses the file's text
   as its base prompt, verbatim (no template, no trimming). Context files and memory
-  still follow it.
+  still follow it. qwen reads the file only when a session starts (a file written after
+  ``initialize`` reaches the model, ``tests/e2e/test_qwen.py``), so the pool keeps a
+  spare process for the next override prompt, whose file it writes when it is claimed.
 * **append**: a process started with ``--append-system-prompt <text>``. qwen 0.24.4 reads
   the appended prompt from its command line only (no setting, file or variable feeds it),
   so this text is visible in the process list to other local users; qwen trims it.
@@ -43,11 +45,18 @@ class QwenAdapter(PoolAdapter):
     )
     agent_label = "qwen"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"override"})
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
+        return ProcessConfig(env={"QWEN_SYSTEM_MD": str(private.path / OVERRIDE_FILE)})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        private.write(OVERRIDE_FILE, prompt.text)
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         if prompt.mode == "override":
-            path = private.write(OVERRIDE_FILE, prompt.text)
-            return ProcessConfig(env={"QWEN_SYSTEM_MD": str(path)})
+            self.fill_spare(prompt, private)
+            return self.spare_config(prompt.mode, private)
         if not prompt.text.strip():
             raise PromptRefused(
                 "qwen trims an appended system prompt, and this one is only whitespace.",

@@ -72,8 +72,8 @@ class AgentHome:
         return bridge_command(self.state, self.agent_argv(), *bridge_args)
 
     @asynccontextmanager
-    async def bridge(self) -> AsyncIterator[BridgeRun]:
-        async with spawn_bridge(self.command(), self.env()) as (client, _):
+    async def bridge(self, *bridge_args: str) -> AsyncIterator[BridgeRun]:
+        async with spawn_bridge(self.command(*bridge_args), self.env()) as (client, _):
             with trio.fail_after(INITIALIZE_TIMEOUT):
                 result = await client.request("initialize", {"protocolVersion": 1})
             yield BridgeRun(client, result, self)

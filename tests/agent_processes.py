@@ -8,7 +8,10 @@ not live.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+
+import trio
 
 
 def live_processes(entry: str, *, prefix: bool = False, argv0: str | None = None) -> list[int]:
@@ -44,3 +47,26 @@ def environment_values(pid: int, name: str) -> list[str]:
         return []
     prefix = f"{name}=".encode()
     return [e[len(prefix) :].decode() for e in entries if e.startswith(prefix)]
+
+
+def named_files(pids: list[int], variable: str, inside: str = "") -> dict[int, Path]:
+    """Each process's file named by ``variable`` in its environment: the value itself, or
+    ``inside`` the folder the value's last comma-separated entry names."""
+    files = {}
+    for pid in pids:
+        for value in environment_values(pid, variable):
+            folder = Path(value.rsplit(",", 1)[-1])
+            files[pid] = folder / inside if inside else folder
+    return files
+
+
+async def wait_for_spare(
+    pids: Callable[[], list[int]], variable: str, inside: str = "", but: int | None = None
+) -> tuple[int, Path]:
+    """A process the bridge started as a spare (other than pid ``but``): named a prompt
+    file (``variable``, ``inside``) that does not exist yet. Its pid and that file's path."""
+    while True:
+        for pid, path in named_files(pids(), variable, inside).items():
+            if not path.exists() and pid != but:
+                return pid, path
+        await trio.sleep(0.1)

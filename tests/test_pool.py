@@ -96,6 +96,8 @@ class FakeContext:
     private_files: list[str] = field(default_factory=list)
     """What each process's watchdog would remove should the bridge die."""
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("test-pool"))
+    spawn_time: float = 0.0
+    """Seconds a process takes to start and answer the replayed initialize."""
 
     def __post_init__(self) -> None:
         self._primary = FakeProcess("agent")
@@ -122,6 +124,7 @@ class FakeContext:
             # What the relay's spawn says (subprocess's ValueError), as execve would refuse.
             raise AgentStartError("agent", "embedded null byte")
         self.private_files.extend(private_files)
+        await trio.sleep(self.spawn_time)
         process = FakeProcess(f"agent-{len(self.processes)}", list(extra_args), extra_env or {})
         process.received.append(("initialize", {"protocolVersion": 1}))  # the replay
         self.processes.append(process)
@@ -217,10 +220,12 @@ class Pool:
 
 
 @asynccontextmanager
-async def open_pool(**options: Any) -> AsyncIterator[Pool]:
+async def open_pool(
+    adapter_class: type[FilePool] = FilePool, spawn_time: float = 0.0, **options: Any
+) -> AsyncIterator[Pool]:
     async with trio.open_nursery() as nursery:
-        context = FakeContext(nursery, options)
-        adapter = FilePool(context)
+        context = FakeContext(nursery, options, spawn_time=spawn_time)
+        adapter = adapter_class(context)
         try:
             yield Pool(adapter, context)
         finally:
@@ -549,3 +554,160 @@ def test_private_dir_refuses_paths_outside_it(tmp_path: Path) -> None:
         private.write("a/b/c.md", "again")  # never rewritten in place
     private.remove()
     assert not private.path.exists()
+
+
+# ----------------------------------------------------------------------------- spares
+
+
+class SparePool(FilePool):
+    """A FilePool whose agent reads its prompt file only when a session starts, in append
+    mode: a process can be started before the prompt is known."""
+
+    spare_modes = frozenset({"append"})
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
+        return ProcessConfig(args=["--mode", mode], env={"PROMPT_FILE": str(private.path / "p")})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        if not prompt.text:
+            raise PromptRefused("empty", {"field": "systemPrompt.content"}, INVALID_PARAMS)
+        private.write("p", prompt.text)
+
+
+async def test_a_spare_started_after_a_new_prompt_serves_the_next_one_with_its_text(
+    private_dirs: Path,
+) -> None:
+    async with open_pool(SparePool, spare=True) as pool:
+        first = await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        _, one, spare = pool.context.processes
+        assert pool.holder(first) is one and not spare.closed
+        # Started and initialized, its folder private and named to the watchdog, no text.
+        prompt_file = Path(spare.env["PROMPT_FILE"])
+        assert spare.methods() == ["initialize"]
+        assert not prompt_file.exists()
+        assert stat.S_IMODE(prompt_file.parent.stat().st_mode) == 0o700
+        assert str(prompt_file.parent) in pool.context.private_files
+
+        second = await pool.new(append("two"))
+        assert pool.holder(second) is spare
+        assert prompt_file.read_text() == "two"
+        assert stat.S_IMODE(prompt_file.stat().st_mode) == 0o600
+        assert spare.methods() == ["initialize", "session/new"]
+        # Its prompt's process from now on; the next spare is started.
+        assert pool.holder(await pool.new(append("two"))) is spare
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.running()) == 4
+        assert "two" not in " ".join(spare.args)
+    assert all(p.closed for p in pool.context.processes[1:])
+    assert list(private_dirs.iterdir()) == []
+
+
+async def test_only_a_mode_the_agent_reads_lazily_gets_a_spare(private_dirs: Path) -> None:
+    async with open_pool(SparePool, spare=True) as pool:
+        await pool.new(override("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.processes) == 2
+        await pool.new(append("two"))
+        await trio.testing.wait_all_tasks_blocked()
+        spare = pool.context.processes[-1]
+        # An override prompt does not take the append spare.
+        third = await pool.new(override("three"))
+        assert pool.holder(third) is not spare and spare.methods() == ["initialize"]
+    async with open_pool(FilePool, spare=True) as pool:
+        await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.processes) == 2
+    async with open_pool(SparePool) as pool:  # spares are asked for
+        await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.processes) == 2
+
+
+async def test_a_spare_takes_only_a_free_place_and_is_the_first_to_make_room(
+    private_dirs: Path,
+) -> None:
+    async with open_pool(SparePool, spare=True, max_processes=2) as pool:
+        await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.processes) == 2  # no place left for a spare
+    async with open_pool(SparePool, spare=True, max_processes=3) as pool:
+        one = await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        spare = pool.context.processes[-1]
+        other = await pool.new(override("other"))
+        assert spare.closed and spare in pool.context.stopped
+        assert len(pool.context.running()) == 3
+        # Every place holds a live session: the limit answers as before.
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("new")))
+        assert reply.error is not None and reply.error["code"] == AT_CAPACITY
+        assert {pool.holder(one).name, pool.holder(other).name} == {
+            p.name for p in pool.context.running()[1:]
+        }
+        assert len(list(private_dirs.iterdir())) == 2
+
+
+async def test_an_unclaimed_spare_is_stopped_after_the_idle_timeout(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool(SparePool, spare=True, idle_timeout=10) as pool:
+        kept = await pool.new(append("kept"))
+        await trio.testing.wait_all_tasks_blocked()
+        spare = pool.context.processes[-1]
+        await trio.sleep(9)
+        assert not spare.closed
+        await trio.sleep(2)
+        assert spare.closed and spare in pool.context.stopped
+        assert not pool.holder(kept).closed
+        assert len(list(private_dirs.iterdir())) == 1
+
+
+async def test_a_refused_prompt_stops_the_spare_it_was_written_to(private_dirs: Path) -> None:
+    async with open_pool(SparePool, spare=True) as pool:
+        await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        spare = pool.context.processes[-1]
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=append("")))
+        assert reply.error is not None and reply.error["code"] == INVALID_PARAMS
+        await trio.testing.wait_all_tasks_blocked()
+        assert spare.closed and spare.methods() == ["initialize"]
+        assert len(list(private_dirs.iterdir())) == 1
+
+
+async def test_a_spare_that_exits_on_its_own_is_dropped_with_its_folder(
+    private_dirs: Path,
+) -> None:
+    async with open_pool(SparePool, spare=True) as pool:
+        await pool.new(append("one"))
+        await trio.testing.wait_all_tasks_blocked()
+        spare = pool.context.processes[-1]
+        spare.exit()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(list(private_dirs.iterdir())) == 1
+        second = await pool.new(append("two"))
+        assert pool.holder(second) is not spare
+
+
+async def test_a_new_prompt_waits_for_the_spare_being_started_rather_than_start_another(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool(SparePool, spare=True, spawn_time=5.0) as pool:
+        await pool.new(append("one"))
+        await trio.sleep(1)  # the spare is on its way
+        started = trio.current_time()
+        second = await pool.new(append("two"))
+        assert trio.current_time() - started == 4.0
+        spare = pool.context.processes[2]
+        assert pool.holder(second) is spare
+        assert Path(spare.env["PROMPT_FILE"]).read_text() == "two"
+
+
+async def test_shutdown_while_a_spare_starts_leaves_no_process_or_folder(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool(SparePool, spare=True, spawn_time=5.0) as pool:
+        await pool.new(append("one"))
+        await trio.sleep(1)
+    await trio.sleep(10)
+    assert all(p.closed for p in pool.context.processes[1:])
+    assert list(private_dirs.iterdir()) == []

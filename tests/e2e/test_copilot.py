@@ -18,7 +18,7 @@ import pytest
 import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
-from agent_processes import live_processes
+from agent_processes import live_processes, wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
@@ -144,6 +144,30 @@ async def test_load_after_a_bridge_restart_keeps_the_sessions_prompt(
     assert appended(again, AWKWARD)
     assert len(again.user_texts()) == 2  # the first turn's history came back
     assert "MARKER" not in plain_again.system_text() and AWKWARD not in plain_again.system_text()
+
+
+async def test_a_spare_process_serves_the_next_prompt_with_its_text(
+    copilot: CopilotHome,
+) -> None:
+    config = copilot.root / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    copilot: {spare: true}\n")
+    instructions = ".github/instructions/acp-bridge.instructions.md"
+    with trio.fail_after(TIMEOUT * 2):
+        async with copilot.bridge("--config", str(config)) as run:
+            first = await run.new(text_prompt("append", "MARKER-FIRST"))
+            # Started and initialized while its instructions folder holds no file yet.
+            spare, prompt_file = await wait_for_spare(
+                lambda: copilot.processes(only_copilot=True),
+                "COPILOT_CUSTOM_INSTRUCTIONS_DIRS",
+                instructions,
+            )
+            second = await run.new(text_prompt("append", AWKWARD))
+            assert prompt_file.read_text() == "\n" + AWKWARD  # it opens like front matter
+            assert spare in copilot.processes(only_copilot=True)
+            seen = await run.turns_at_once(first, second)
+    assert appended(seen[first], "MARKER-FIRST") and AWKWARD not in seen[first].system_text()
+    assert appended(seen[second], AWKWARD) and "MARKER-FIRST" not in seen[second].system_text()
+    assert not prompt_file.exists()
 
 
 async def test_no_copilot_process_outlives_the_client(copilot: CopilotHome) -> None:

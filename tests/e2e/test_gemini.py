@@ -15,7 +15,7 @@ import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
 from acp_requests import append, override
-from agent_processes import environment_values
+from agent_processes import environment_values, wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 from pooled_agent import (
@@ -27,7 +27,7 @@ from pooled_agent import (
     share_of,
 )
 
-from acp_bridge.runtime.client import ClientRequestError
+from acp_bridge.runtime.client import ClientRequestError, spawn_bridge
 
 pytestmark = pytest.mark.e2e
 
@@ -153,6 +153,42 @@ async def test_append_home_is_private_and_the_users_settings_are_untouched(
     # gemini itself (the primary) writes history there; the bridge adds nothing.
     assert not (user_dir / "acp-bridge-system-prompt.md").exists()
     assert json.loads((user_dir / "settings.json").read_text()) == {"ui": {"theme": "ANSI"}}
+
+
+async def test_a_spare_process_serves_the_next_append_prompt_with_its_text(
+    gemini: PooledAgent, tmp_path: Path
+) -> None:
+    config = tmp_path / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    gemini: {spare: true}\n")
+    context = ".gemini/acp-bridge-system-prompt.md"
+    with trio.fail_after(TIMEOUT * 2):
+        async with gemini.bridge("--config", str(config)) as client:
+            first = await gemini.new_session(client, append("MARKER-FIRST"))
+            # Started with its private home ready but for the prompt's context file.
+            spare, prompt_file = await wait_for_spare(gemini.processes, "GEMINI_CLI_HOME", context)
+            assert (prompt_file.parent / "settings.json").is_file()
+            second = await gemini.new_session(client, append("MARKER-SECOND\nline two"))
+            assert prompt_file.read_text() == "MARKER-SECOND\nline two"
+            assert spare in gemini.processes()
+            seen = [(await gemini.ask(client, s)).system_text() for s in (first, second)]
+    assert "MARKER-FIRST" in seen[0] and "MARKER-SECOND" not in seen[0]
+    assert "MARKER-SECOND\nline two" in seen[1] and "MARKER-FIRST" not in seen[1]
+    assert seen[1].index("USER-MEMORY-MARK") < seen[1].index("MARKER-SECOND")
+    assert len(seen[1]) - seen[1].index("MARKER-SECOND") < 1000
+    assert not prompt_file.exists()
+
+
+async def test_gemini_reads_its_system_md_during_initialize(
+    gemini: PooledAgent, tmp_path: Path
+) -> None:
+    """Why no spare is kept for override: a GEMINI_SYSTEM_MD written after the process
+    started is too late, gemini fails initialize without it."""
+    missing = tmp_path / "not-yet" / "system.md"
+    env = {**gemini.env, "GEMINI_SYSTEM_MD": str(missing)}
+    with trio.fail_after(TIMEOUT), pytest.raises(ClientRequestError) as failed:
+        async with spawn_bridge(gemini.command, env) as (client, _):
+            await client.request("initialize", {"protocolVersion": 1})
+    assert "missing system prompt file" in json.dumps(failed.value.error)
 
 
 async def test_no_gemini_process_is_left_after_the_client_disconnects(

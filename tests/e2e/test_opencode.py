@@ -20,7 +20,7 @@ import pytest
 import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
-from agent_processes import live_processes
+from agent_processes import live_processes, wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
@@ -226,6 +226,39 @@ async def test_empty_override_is_refused_not_replaced_by_opencodes_own(
                 await run.new(text_prompt("override", ""))
     assert refused.value.code == -32602
     assert "empty override" in refused.value.error["message"]
+
+
+async def test_a_spare_process_serves_the_next_prompt_of_its_mode_with_its_text(
+    opencode: OpencodeHome,
+) -> None:
+    config = opencode.root / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    opencode: {spare: true}\n")
+    pids = opencode.processes
+    with trio.fail_after(TIMEOUT * 4):
+        async with opencode.bridge("--config", str(config)) as run:
+            first = await run.new(text_prompt("append", "MARKER-FIRST"))
+            # Started and initialized while the configuration it is named does not exist.
+            spare, config_file = await wait_for_spare(pids, "OPENCODE_CONFIG")
+            second = await run.new(text_prompt("append", AWKWARD))
+            assert "system-prompt.md" in config_file.read_text()
+            assert spare in pids()
+            # An override prompt: a new process (the spare is for append), then a spare
+            # for override, whose configuration carries the prompt itself.
+            append_spare, _ = await wait_for_spare(pids, "OPENCODE_CONFIG")
+            third = await run.new(text_prompt("override", "MARKER-THIRD"))
+            other_spare, other_config = await wait_for_spare(
+                pids, "OPENCODE_CONFIG", but=append_spare
+            )
+            fourth = await run.new(text_prompt("override", "MARKER-FOURTH"))
+            assert "MARKER-FOURTH" in other_config.read_text()
+            assert other_spare in pids()
+            seen = await run.turns_at_once(first, second, third, fourth)
+    assert appended(seen[first], "MARKER-FIRST") and AWKWARD not in seen[first].system_text()
+    assert appended(seen[second], AWKWARD) and "MARKER" not in seen[second].system_text()
+    assert replaced(seen[third], "MARKER-THIRD")
+    assert replaced(seen[fourth], "MARKER-FOURTH")
+    assert "MARKER-THIRD" not in seen[fourth].system_text()
+    assert not config_file.exists() and not other_config.exists()
 
 
 async def test_no_opencode_process_outlives_the_client(opencode: OpencodeHome) -> None:

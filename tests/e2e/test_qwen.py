@@ -14,6 +14,7 @@ import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
 from acp_requests import append, override
+from agent_processes import wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 from pooled_agent import (
@@ -131,6 +132,28 @@ async def test_load_and_resume_after_a_restart_land_in_the_sessions_prompt(
             plain_o = (await qwen.ask(client, replaced)).system_text()
         for system in (plain_a, plain_o):
             assert "MARKER" not in system and share_of(default, system) >= 0.95
+
+
+async def test_a_spare_process_serves_the_next_override_prompt_with_its_text(
+    qwen: PooledAgent, tmp_path: Path
+) -> None:
+    config = tmp_path / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    qwen: {spare: true}\n")
+    with trio.fail_after(TIMEOUT * 2):
+        async with qwen.bridge("--config", str(config)) as client:
+            baseline = (await qwen.ask(client, await qwen.new_session(client))).system_text()
+            first = await qwen.new_session(client, override("MARKER-FIRST"))
+            # Started and initialized while its QWEN_SYSTEM_MD does not exist yet.
+            spare, prompt_file = await wait_for_spare(qwen.processes, "QWEN_SYSTEM_MD")
+            second = await qwen.new_session(client, override("MARKER-SECOND\n  as sent "))
+            assert prompt_file.read_text() == "MARKER-SECOND\n  as sent "
+            assert spare in qwen.processes()
+            seen = [(await qwen.ask(client, s)).system_text() for s in (first, second)]
+    default = base_lines(baseline)
+    assert_overridden(seen[0], "MARKER-FIRST", default)
+    assert_overridden(seen[1], "MARKER-SECOND\n  as sent ", default)
+    assert "MARKER-SECOND" not in seen[0] and "MARKER-FIRST" not in seen[1]
+    assert not prompt_file.exists()
 
 
 async def test_no_qwen_process_is_left_after_the_client_disconnects(qwen: PooledAgent) -> None:
