@@ -313,8 +313,12 @@ class ScriptedAgent:
     async def run(self) -> None:
         try:
             with self._cancel_scope:
-                await self._serve()
-                self.returncode = self.args.eof_exit_code
+                try:
+                    await self._serve()
+                    self.returncode = self.args.eof_exit_code
+                except trio.BrokenResourceError:
+                    # Its stdout's reader is gone: Python dies of BrokenPipeError, status 1.
+                    self.returncode = 1
         finally:
             with trio.CancelScope(shield=True):
                 await self._output.aclose()
