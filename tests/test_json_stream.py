@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from acp_bridge.wire import jsonrpc
-from acp_bridge.wire.json_stream import CUT_METHOD, Large, LineValidator
+from acp_bridge.wire.json_stream import CUT_METHOD, Large, LineValidator, judge
 from acp_bridge.wire.jsonrpc import FrameError
 
 scalars = (
@@ -263,3 +263,46 @@ def test_a_cut_ending_completes_exactly_what_was_judged(
     cut = validator.cut_ending()
     assert cut is not None and cut.startswith(ending)
     jsonrpc.parse(released + cut)
+
+
+def nested(levels: int, opener: bytes, closer: bytes, core: bytes = b"1") -> bytes:
+    return opener * levels + core + closer * levels
+
+
+@pytest.mark.parametrize(
+    ("line", "valid"),
+    [
+        (nested(6_000, b"[", b"]"), True),
+        (nested(3_000, b"[ ", b" ]"), True),
+        (nested(3_000, b'{"d":', b"}"), True),
+        (nested(3_000, b'[{"d" : ', b"}]"), True),
+        (nested(3_000, b"[1,", b"]"), True),
+        (nested(6_000, b"[", b"]")[:-1], False),
+        (nested(6_000, b"[", b"]") + b"]", False),
+        (nested(3_000, b'{"d":', b"]"), False),
+        (nested(3_000, b'[{"d":', b"]}"), False),
+        (nested(3_000, b'{"d":', b"}", core=b"[1,]"), False),
+    ],
+)
+def test_deep_nesting_is_judged_a_run_at_a_time_as_the_parser_would(
+    line: bytes, valid: bool
+) -> None:
+    message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % line
+    for cuts in ([], list(range(0, len(message), 997)), list(range(0, len(message), 4096))):
+        assert stream_verdict(message, cuts) is valid
+    # Cut anywhere, what was judged still ends as the cut-line message (too deep for
+    # json to build: the validator reads it, the last of two members winning).
+    rng = random.Random(len(line))
+    for end in rng.sample(range(1, len(message)), 5):
+        validator = LineValidator()
+        try:
+            validator.feed(message[: end // 2])
+            validator.feed(message[end // 2 : end])
+        except FrameError:
+            assert not valid
+            continue
+        ending = validator.cut_ending()
+        assert ending is not None
+        envelope, fault = judge(message[: validator.judged] + ending)
+        assert fault is None
+        assert (envelope.members["method"], envelope.members["params"]) == (CUT_METHOD, Large(dict))

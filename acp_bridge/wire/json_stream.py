@@ -71,6 +71,12 @@ _NUMBER_PREFIX: Final = re.compile(
     r"-?(?:(?:0|[1-9][0-9]*)(?:\.(?:[0-9]+(?:[eE][-+]?[0-9]*)?)?|[eE][-+]?[0-9]*)?)?"
 )
 _DIGITS: Final = re.compile(r"[0-9]{2,}")
+# Nested openings (an array, or an object with its first key), and closings: deep
+# nesting is entered and left a run at a time.
+_OPENER: Final = re.compile(r'\[[ \t\r]*|\{[ \t\r]*"[^"\\\x00-\x1f]*"[ \t\r]*:[ \t\r]*')
+_OPENERS: Final = re.compile(rf"(?:{_OPENER.pattern})+")
+_BRACKETS: Final = re.compile(r"\[+")
+_CLOSERS: Final = re.compile(r"[\]}]+")
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
 # After json's scanner ran out of recursion on a container, this many containers are
@@ -304,25 +310,62 @@ class LineValidator:
                 break
             char = text[pos]
             if expect in (_VALUE, _FIRST_VALUE):
-                if char == "]" and expect == _FIRST_VALUE:
-                    self._close()
-                    pos += 1
-                    continue
-                if self._stack and not self._stack[-1]:
-                    # Array items that are short scalars, many at a time.
-                    run = _SCALAR_RUN.match(text, pos, min(end, pos + _RUN_WINDOW))
-                    if run is not None:
-                        self._expect = _VALUE
-                        pos = run.end()
-                        continue
-                after = self._value(text, pos, final)
+                after = self._value_or_run(text, pos, final)
                 if after < 0:
                     break
                 pos = after
             else:
+                if expect == _AFTER_VALUE and char in "]}" and len(self._stack) > 2:
+                    closed = self._close_run(text, pos)
+                    if closed:
+                        pos += closed
+                        continue
                 self._punctuation(expect, char)
                 pos += 1
         self._text = text[pos:]
+
+    def _value_or_run(self, text: str, pos: int, final: bool) -> int:
+        """Where a value is expected: take it, or a run of several (array items, nested
+        openings); the position after what was taken, or -1 to wait for more text."""
+        char = text[pos]
+        if char == "]" and self._expect == _FIRST_VALUE:
+            self._close()
+            return pos + 1
+        if self._unscanned and char in "[{" and len(self._stack) >= 2:
+            # Deep nesting: a run of openings at a time.
+            run = (_BRACKETS if char == "[" else _OPENERS).match(text, pos)
+            if run is not None:
+                return self._open_run(text, pos, run.end())
+        if self._stack and not self._stack[-1]:
+            # Array items that are short scalars, many at a time.
+            run = _SCALAR_RUN.match(text, pos, min(len(text), pos + _RUN_WINDOW))
+            if run is not None:
+                self._expect = _VALUE
+                return run.end()
+        return self._value(text, pos, final)
+
+    def _open_run(self, text: str, pos: int, end: int) -> int:
+        """Enter the containers opened from ``pos`` to ``end`` one inside the other (each
+        an array, or an object with its first key), below the top-level members."""
+        if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
+            opened = [False] * (end - pos)  # the usual run: brackets only
+        else:
+            opened = [match[0][0] == "{" for match in _OPENER.finditer(text, pos, end)]
+        self._stack.extend(opened)
+        self._unscanned = max(1, self._unscanned - len(opened))
+        self._expect = _VALUE if opened[-1] else _FIRST_VALUE
+        return end
+
+    def _close_run(self, text: str, pos: int) -> int:
+        """Close containers below the top-level members at ``pos`` many at a time: how
+        many characters were taken (0: none, the closing is judged one at a time)."""
+        run = _CLOSERS.match(text, pos)
+        count = min(run.end() - pos, len(self._stack) - 2)  # type: ignore[union-attr]  # matches
+        expected = "".join("}" if is_object else "]" for is_object in self._stack[-count:])
+        if text[pos : pos + count] != expected[::-1]:
+            return 0
+        del self._stack[-count:]
+        return count
 
     def _byte_at(self, text: str, pos: int) -> int:
         """The position in the line's bytes of ``text[pos]`` (text is the tail held)."""
