@@ -305,6 +305,7 @@ class ScriptedAgent:
         self.sent_raw: list[bytes] = []
         self.terminated_by_bridge = False
         self.returncode: int | None = None
+        self.failure: Exception | None = None
         self._exited = trio.Event()
         self._cancel_scope = trio.CancelScope()
         if self.args.pidfile:
@@ -318,6 +319,11 @@ class ScriptedAgent:
                     self.returncode = self.args.eof_exit_code
                 except trio.BrokenResourceError:
                     # Its stdout's reader is gone: Python dies of BrokenPipeError, status 1.
+                    self.returncode = 1
+                except Exception as exc:
+                    # The script failed (a line it cannot read, say): so would the process,
+                    # with its traceback and status 1.
+                    self.failure = exc
                     self.returncode = 1
         finally:
             with trio.CancelScope(shield=True):
@@ -393,9 +399,11 @@ class ScriptedAgent:
 
 
 class ScriptedSpawner:
-    """Starts a :class:`ScriptedAgent` for each command of a fake agent in ``tests/``."""
+    """Starts a :class:`ScriptedAgent` for each command of a fake agent in ``tests/``, in
+    ``nursery``; without one, as a system task of the test's run, which trio cancels once
+    the test has ended (as the fixtures reap a process left running)."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery | None = None) -> None:
         self.nursery = nursery
         self.agents: list[ScriptedAgent] = []
 
@@ -404,5 +412,8 @@ class ScriptedSpawner:
     ) -> AgentHandle:
         agent = ScriptedAgent(argv, env)
         self.agents.append(agent)
-        self.nursery.start_soon(agent.run)
+        if self.nursery is None:
+            trio.lowlevel.spawn_system_task(agent.run)
+        else:
+            self.nursery.start_soon(agent.run)
         return agent

@@ -1,4 +1,8 @@
-"""The sidecar mode: one agent per connection, private unix sockets, tokens off loopback."""
+"""The sidecar mode: one agent per connection, private unix sockets, tokens off loopback.
+
+The server runs in this process with the fake agent as a coroutine; the command line's own
+tests, and the one reading an agent's environment, start processes.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from memory_agent import ScriptedSpawner
 
 from acp_bridge.commands.serve import (
     ListenAddress,
@@ -27,7 +32,7 @@ from acp_bridge.commands.serve import (
 )
 from acp_bridge.registry import AdapterRegistry
 from acp_bridge.runtime.client import ClientRequestError, connect
-from acp_bridge.runtime.relay import BridgeOptions
+from acp_bridge.runtime.relay import BridgeOptions, Spawner, spawn_process
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 
@@ -40,12 +45,16 @@ def make_server(
     *,
     limits: ServeLimits | None = None,
     pidfile: bool = False,
+    spawner: Spawner | None = None,
 ) -> Server:
+    """A server whose agents are the fake agent run as coroutines, unless ``spawner`` says
+    otherwise."""
     argv = [sys.executable, FAKE_AGENT, "--record", str(tmp_path / "agent.log")]
     if pidfile:
         argv += ["--pidfile", str(tmp_path / "agent.pid")]
     options = BridgeOptions(agent_argv=argv, shutdown_grace=0.5)
-    return Server(options, SessionStore(":memory:"), AdapterRegistry(), token, limits)
+    store, registry = SessionStore(":memory:"), AdapterRegistry()
+    return Server(options, store, registry, token, limits, spawner=spawner or ScriptedSpawner())
 
 
 def test_listen_address_parsing() -> None:
@@ -235,7 +244,8 @@ async def test_the_agent_environment_has_no_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACP_BRIDGE_TOKEN", "s3cret")
-    server = make_server(tmp_path, token="s3cret", pidfile=True)
+    # What a process sees in its environment: a process.
+    server = make_server(tmp_path, token="s3cret", pidfile=True, spawner=spawn_process)
     with trio.fail_after(20):
         async with running(server, TCP) as address:
             stream = await open_stream(address)

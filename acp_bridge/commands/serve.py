@@ -30,7 +30,7 @@ from typing import Any, Final
 import trio
 
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.runtime.relay import Bridge, BridgeOptions
+from acp_bridge.runtime.relay import Bridge, BridgeOptions, Spawner, spawn_process
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 from acp_bridge.wire import jsonrpc
@@ -250,12 +250,15 @@ class Server:
         registry: AdapterRegistry,
         token: str | None,
         limits: ServeLimits | None = None,
+        *,
+        spawner: Spawner = spawn_process,
     ) -> None:
         self.options = options
         self.store = store
         self.registry = registry
         self.token = token
         self.limits = limits or ServeLimits()
+        self.spawner = spawner  # starts each connection's agent processes
         self.connections = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
@@ -329,7 +332,9 @@ class Server:
         # Unchanged lines are replayed as they came (a "\r\n" included).
         receive = ReplayStream(first + b"\n" + preamble.rest, stream)
         lifecycle = Lifecycle.for_command(self.store, self.options.agent_argv)
-        bridge = Bridge(self.options, receive, stream, lifecycle, registry=self.registry)
+        bridge = Bridge(
+            self.options, receive, stream, lifecycle, registry=self.registry, spawner=self.spawner
+        )
         status = await bridge.run(watch_signals=False)
         log.info("connection closed; agent status %d", status)
 
