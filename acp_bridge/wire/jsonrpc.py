@@ -235,6 +235,8 @@ def plain_notifications(lines: list[bytes], start: int = 0) -> tuple[int, Frame 
     end = start
     for index in range(start, len(lines)):
         raw = lines[index]
+        if raw[:1] != b"{":
+            return end, None  # not one the short path reads (blank, spaces, garbage)
         try:
             text = raw.decode()
             message, stop = _scan_once(text, 0)
