@@ -382,9 +382,7 @@ async def open_memory_bridge(
             no_override=None,
             on_omitted=None,
             log_level=None,
-            variables={
-                key: bridge_env[key] for key in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
-            },
+            variables={key: bridge_env[key] for key in PRIVATE_ENV},
         )
         log = io.StringIO()
         handler = logging.StreamHandler(log)
