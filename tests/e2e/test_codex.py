@@ -14,8 +14,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,9 +26,16 @@ import trio
 from acp_requests import append, override, prompt_params, session_params
 from agent_processes import live_processes
 from bridge_cli import bridge_command, isolated_env, write_verify_config
+from codex_endpoint import (
+    CodexOnEndpoint,
+    ask,
+    ask_each_twice_at_once,
+    new_session,
+    private_codex_home,
+)
 from conftest import run_verify
 
-from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
 from acp_bridge.runtime.client import AcpClient, spawn_bridge
 from acp_bridge.runtime.embedded import open_embedded_bridge
 from acp_bridge.runtime.relay import BridgeOptions
@@ -52,16 +57,8 @@ def codex_binary() -> Path:
 
 @pytest.fixture
 def codex_home() -> Iterator[Path]:
-    """A fresh CODEX_HOME outside /tmp (``$ACP_BRIDGE_E2E_HOME`` or the user's cache)."""
-    base = Path(
-        os.environ.get("ACP_BRIDGE_E2E_HOME") or Path.home() / ".cache" / "acp-bridge" / "e2e"
-    )
-    base.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="codex-home-", dir=base))
-    try:
+    with private_codex_home("codex-home-") as home:
         yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def processes_with_home(
@@ -80,11 +77,8 @@ def codex_processes(codex_home: Path) -> list[int]:
 
 
 @dataclass
-class CodexSetup:
+class CodexSetup(CodexOnEndpoint):
     binary: Path
-    home: Path
-    state: Path
-    endpoint: ModelEndpoint
 
     def agent_argv(self) -> list[str]:
         """codex-acp on the endpoint, never asking for approval, unable to write."""
@@ -111,32 +105,11 @@ class CodexSetup:
             assert capability == {"mode": {"override": {}}}
             yield client
 
-    def requests_of(self, session_id: str) -> list[RecordedRequest]:
-        return [
-            r for r in self.endpoint.main_requests() if r.headers.get("session-id") == session_id
-        ]
-
 
 @pytest.fixture
 async def codex(codex_binary: Path, codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexSetup]:
     async with open_model_endpoint() as endpoint:
-        yield CodexSetup(codex_binary, codex_home, tmp_path / "sessions.sqlite3", endpoint)
-
-
-async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
-    result = await client.request("session/new", session_params(cwd, prompt=prompt))
-    session_id: str = result["sessionId"]
-    return session_id
-
-
-async def ask(codex: CodexSetup, client: AcpClient, session_id: str) -> RecordedRequest:
-    """One turn; the model request it caused."""
-    before = len(codex.requests_of(session_id))
-    result = await client.request("session/prompt", prompt_params(session_id, "Hi."))
-    assert result["stopReason"] == "end_turn"
-    requests = codex.requests_of(session_id)
-    assert len(requests) == before + 1
-    return requests[-1]
+        yield CodexSetup(codex_home, tmp_path / "sessions.sqlite3", endpoint, binary=codex_binary)
 
 
 def has_developer(request: RecordedRequest, marker: str) -> bool:
@@ -178,10 +151,7 @@ async def test_sessions_with_different_prompts_interleave_on_one_connection(
             plain = await new_session(client, tmp_path)
             replaced = await new_session(client, tmp_path, override("MARKER-O"))
             assert len(codex_processes(codex.home)) == 3
-            for _ in range(2):
-                async with trio.open_nursery() as nursery:
-                    for session in (appended, plain, replaced):
-                        nursery.start_soon(ask, codex, client, session)
+            await ask_each_twice_at_once(codex, client, (appended, plain, replaced))
     for request in codex.requests_of(appended):
         assert has_developer(request, "MARKER-A") and default_instructions(request)
     for request in codex.requests_of(plain):

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,12 +26,19 @@ from typing import Any, Final
 import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
-from acp_requests import append, override, prompt_params, session_params
+from acp_requests import append, override, session_params
 from agent_processes import live_processes
 from bridge_cli import bridge_command, isolated_env, write_verify_config
+from codex_endpoint import (
+    CodexOnEndpoint,
+    ask,
+    ask_each_twice_at_once,
+    new_session,
+    private_codex_home,
+)
 from conftest import run_verify
 
-from acp_bridge.model_endpoint import ModelEndpoint, RecordedRequest, open_model_endpoint
+from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
 from acp_bridge.runtime.client import AcpClient, spawn_bridge
 
 pytestmark = pytest.mark.e2e
@@ -51,16 +56,8 @@ def codex_acp() -> list[str]:
 
 @pytest.fixture
 def codex_home() -> Iterator[Path]:
-    """A fresh CODEX_HOME outside /tmp (``$ACP_BRIDGE_E2E_HOME`` or the user's cache)."""
-    base = Path(
-        os.environ.get("ACP_BRIDGE_E2E_HOME") or Path.home() / ".cache" / "acp-bridge" / "e2e"
-    )
-    base.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="codex-acp-home-", dir=base))
-    try:
+    with private_codex_home("codex-acp-home-") as home:
         yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def user_config(endpoint_url: str) -> dict[str, Any]:
@@ -84,11 +81,8 @@ def user_config(endpoint_url: str) -> dict[str, Any]:
 
 
 @dataclass
-class CodexAcp:
+class CodexAcp(CodexOnEndpoint):
     command: list[str]
-    home: Path
-    state: Path
-    endpoint: ModelEndpoint
 
     def env(self) -> dict[str, str]:
         env = agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
@@ -119,16 +113,11 @@ class CodexAcp:
             await client.request("initialize", {"protocolVersion": 1})
             yield client
 
-    def requests_of(self, session_id: str) -> list[RecordedRequest]:
-        return [
-            r for r in self.endpoint.main_requests() if r.headers.get("session-id") == session_id
-        ]
-
 
 @pytest.fixture
 async def codex(codex_acp: list[str], codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexAcp]:
     async with open_model_endpoint() as endpoint:
-        yield CodexAcp(codex_acp, codex_home, tmp_path / "sessions.sqlite3", endpoint)
+        yield CodexAcp(codex_home, tmp_path / "sessions.sqlite3", endpoint, command=codex_acp)
 
 
 def describe(pid: int) -> str:
@@ -136,22 +125,6 @@ def describe(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return "(gone)"
-
-
-async def new_session(client: AcpClient, cwd: Path, prompt: dict[str, Any] | None = None) -> str:
-    result = await client.request("session/new", session_params(cwd, prompt=prompt))
-    session_id: str = result["sessionId"]
-    return session_id
-
-
-async def ask(codex: CodexAcp, client: AcpClient, session_id: str) -> RecordedRequest:
-    """One turn; the model request it caused."""
-    before = len(codex.requests_of(session_id))
-    result = await client.request("session/prompt", prompt_params(session_id, "Hi."))
-    assert result["stopReason"] == "end_turn"
-    requests = codex.requests_of(session_id)
-    assert len(requests) == before + 1
-    return requests[-1]
 
 
 def developer(request: RecordedRequest) -> list[str]:
@@ -219,10 +192,7 @@ async def test_sessions_with_different_prompts_on_one_connection_each_get_only_t
             replaced = await new_session(client, tmp_path, override("MARKER-O"))
             replaced_too = await new_session(client, tmp_path, override("MARKER-P"))
             sessions = (appended, plain, replaced, replaced_too)
-            for _ in range(2):
-                async with trio.open_nursery() as nursery:
-                    for session in sessions:
-                        nursery.start_soon(ask, codex, client, session)
+            await ask_each_twice_at_once(codex, client, sessions)
     markers = {appended: "MARKER-A", replaced: "MARKER-O", replaced_too: "MARKER-P"}
     for session in sessions:
         requests = codex.requests_of(session)
