@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from memory_agent import MemoryAgent, MemorySpawner
@@ -37,6 +38,28 @@ async def bridge_over_memory(
     **options: Any,
 ) -> AsyncIterator[tuple[Wire, MemoryAgent]]:
     """A bridge in front of a memory agent; ``initialize``: exchanged before the body."""
+    async with memory_bridge(
+        lifecycle,
+        adapter_folders=adapter_folders,
+        agent_name=agent_name,
+        agent_options=agent_options,
+        initialize=initialize,
+        **options,
+    ) as (_bridge, client, agent):
+        yield client, agent
+
+
+@asynccontextmanager
+async def memory_bridge(
+    lifecycle: Lifecycle | None = None,
+    *,
+    adapter_folders: Sequence[Path] = (USER_ADAPTERS,),
+    agent_name: str = "memory-agent",
+    agent_options: dict[str, Any] | None = None,
+    initialize: bool = True,
+    **options: Any,
+) -> AsyncIterator[tuple[Bridge, Wire, MemoryAgent]]:
+    """:func:`bridge_over_memory`, with the bridge itself for a test that looks inside it."""
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
     store = SessionStore(":memory:")
@@ -68,7 +91,7 @@ async def bridge_over_memory(
                 assert "systemPrompt" in caps["sessionCapabilities"]
         else:
             await trio.testing.wait_all_tasks_blocked()  # the agent started
-        yield client, spawner.agents[0]
+        yield bridge, client, spawner.agents[0]
         await to_bridge_send.aclose()
         # Read what is left, as a client does, until the bridge has finished.
         async with trio.open_nursery() as draining:
@@ -138,6 +161,16 @@ class BrokenLifecycle(Lifecycle):
     save_new = save
 
 
+async def assert_refused_and_closed_on_the_agent(client: Wire, agent: MemoryAgent) -> None:
+    """session/new ("new") is answered with an internal error, and the session the agent
+    opened for it is closed there."""
+    answer = await client.receive()
+    assert answer["id"] == "new" and answer["error"]["code"] == -32603
+    await trio.testing.wait_all_tasks_blocked()
+    closes = [m for m in agent.received if m.get("method") == "session/close"]
+    assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+
+
 async def test_a_store_that_fails_during_session_new_leaves_no_session_open() -> None:
     lifecycle = BrokenLifecycle()
     with trio.fail_after(10):
@@ -148,11 +181,7 @@ async def test_a_store_that_fails_during_session_new_leaves_no_session_open() ->
                                "params": {}})  # fmt: skip
             assert (await client.receive())["id"] == "other"
             lifecycle.release.set()
-            answer = await client.receive()
-            assert answer["id"] == "new" and answer["error"]["code"] == -32603
-            await trio.testing.wait_all_tasks_blocked()
-            closes = [m for m in agent.received if m.get("method") == "session/close"]
-            assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+            await assert_refused_and_closed_on_the_agent(client, agent)
 
 
 async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened() -> None:
@@ -163,11 +192,7 @@ async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened(
     with trio.fail_after(10):
         async with bridge_over_memory(lifecycle, agent_options=agent_options) as (client, agent):
             await client.send(new_session("new"))
-            answer = await client.receive()
-            assert answer["id"] == "new" and answer["error"]["code"] == -32603
-            await trio.testing.wait_all_tasks_blocked()
-            closes = [m for m in agent.received if m.get("method") == "session/close"]
-            assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
+            await assert_refused_and_closed_on_the_agent(client, agent)
 
 
 async def test_a_close_the_agent_answers_not_found_leaves_the_session_not_live() -> None:
@@ -227,34 +252,27 @@ async def test_an_agent_that_cannot_start_answers_initialize_with_the_cause(
             assert await bridge.process.wait() != 0
 
 
-async def test_a_prompt_in_meta_from_an_older_client_is_validated_where_it_was_sent() -> None:
+@pytest.mark.parametrize(
+    ("key", "bad_content", "field"),
+    [
+        # An older client's spelling: validated where it was sent.
+        ("systemPrompt", [], "_meta.systemPrompt.content"),
+        # The Python SDK's spelling.
+        ("system_prompt", [{"type": "image"}], "_meta.system_prompt.content[0].type"),
+    ],
+)
+async def test_a_prompt_in_meta_is_validated_where_it_was_sent_and_delivered(
+    key: str, bad_content: list[Any], field: str
+) -> None:
     with trio.fail_after(5):
         async with bridge_over_memory() as (client, agent):
-            bad = {"systemPrompt": {"mode": "append", "content": []}, "other": 1}
+            bad = {key: {"mode": "append", "content": bad_content}, "other": 1}
             await client.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
                                "params": {"cwd": "/", "mcpServers": [], "_meta": bad}})  # fmt: skip
             refused = await client.receive()
             assert refused["error"]["code"] == -32602
-            assert refused["error"]["data"] == {"field": "_meta.systemPrompt.content"}
-            good = {"systemPrompt": PROMPT, "other": 1}
-            params = {"cwd": "/", "mcpServers": [], "_meta": good}
-            await client.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-                               "params": params})  # fmt: skip
-            assert (await client.receive())["result"]["sessionId"] == "sess-1"
-    (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
-    assert sent["params"]["_meta"] == {"other": 1}
-
-
-async def test_the_python_sdks_meta_spelling_is_validated_and_delivered() -> None:
-    with trio.fail_after(5):
-        async with bridge_over_memory() as (client, agent):
-            bad = {"system_prompt": {"mode": "append", "content": [{"type": "image"}]}}
-            await client.send({"jsonrpc": "2.0", "id": 1, "method": "session/new",
-                               "params": {"cwd": "/", "mcpServers": [], "_meta": bad}})  # fmt: skip
-            refused = await client.receive()
-            assert refused["error"]["code"] == -32602
-            assert refused["error"]["data"] == {"field": "_meta.system_prompt.content[0].type"}
-            good = {"system_prompt": PROMPT, "other": 1}
+            assert refused["error"]["data"] == {"field": field}
+            good = {key: PROMPT, "other": 1}
             params = {"cwd": "/", "mcpServers": [], "_meta": good}
             await client.send({"jsonrpc": "2.0", "id": 2, "method": "session/new",
                                "params": params})  # fmt: skip
@@ -279,40 +297,14 @@ async def test_what_the_agent_sends_after_an_intercepted_answer_reaches_the_clie
 
 
 async def test_an_adapter_is_lent_the_adapter_context_and_nothing_else_of_the_bridge() -> None:
-    to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
-    from_bridge_send, from_bridge_receive = trio.testing.memory_stream_one_way_pair()
-    store = SessionStore(":memory:")
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            bridge = Bridge(
-                BridgeOptions(agent_argv=["memory-agent"], shutdown_grace=0.5),
-                to_bridge_receive,
-                from_bridge_send,
-                Lifecycle(store, "memory-agent"),
-                spawner=MemorySpawner(nursery),
-            )
-            finished = trio.Event()
-
-            async def run() -> None:
-                await bridge.run(watch_signals=False)
-                finished.set()
-
-            nursery.start_soon(run)
-            client = Wire(to_bridge_send, from_bridge_receive)
-            await client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                               "params": {"protocolVersion": 1}})  # fmt: skip
-            await client.receive()
+        async with memory_bridge(adapter_folders=()) as (bridge, _client, _agent):
             assert bridge.adapter is not None
             context = bridge.adapter.context
             interface = {name for name in vars(AdapterContext) if not name.startswith("_")}
             interface |= set(AdapterContext.__annotations__)
             assert {name for name in dir(context) if not name.startswith("_")} == interface
             assert context.primary is bridge.primary
-            await to_bridge_send.aclose()
-            nursery.start_soon(drain, from_bridge_receive)
-            await finished.wait()
-            nursery.cancel_scope.cancel()
-    store.close()
 
 
 async def test_after_the_client_left_frames_behind_an_interception_go_as_it_is_answered(
