@@ -47,6 +47,22 @@ async def sidecar(
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def stoppable_sidecar(tmp_path: Path) -> AsyncIterator[tuple[str, trio.Event]]:
+    """:func:`sidecar` in a task of its own; setting the event shuts it down (its agent
+    stops, its socket closes) while the body goes on. Yields the address and the event."""
+    stop = trio.Event()
+
+    async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
+        async with sidecar(tmp_path) as address:
+            task_status.started(address)
+            await stop.wait()
+
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(run_sidecar), stop
+        stop.set()
+
+
 def agent_lines(tmp_path: Path, name: str = "agent-received") -> list[bytes]:
     path = tmp_path / "agent" / name
     return path.read_bytes().splitlines() if path.exists() else []
@@ -146,23 +162,17 @@ async def test_a_sidecar_at_its_connection_cap_answers_initialize_by_its_id(
 
 async def test_connect_exits_when_the_sidecar_goes_away(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as outer:
-            cancel = trio.Event()
-
-            async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
-                async with sidecar(tmp_path) as address:
-                    task_status.started(address)
-                    await cancel.wait()
-
-            address = await outer.start(run_sidecar)
-            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
-                await editor.request(0, "initialize", INITIALIZE)
-                await editor.response_to(0)
-                agent_pid = int((tmp_path / "agent" / "agent.pid").read_text())
-                cancel.set()  # the sidecar shuts down: its agent stops, the socket closes
-                assert await editor.read_to_eof() == []
-                # The editor did not leave: the sidecar going away is a failure to report.
-                assert await editor.wait() == 1
+        async with (
+            stoppable_sidecar(tmp_path) as (address, cancel),
+            open_connect(address, tmp_path / "editor", token=TOKEN) as editor,
+        ):
+            await editor.request(0, "initialize", INITIALIZE)
+            await editor.response_to(0)
+            agent_pid = int((tmp_path / "agent" / "agent.pid").read_text())
+            cancel.set()  # the sidecar shuts down: its agent stops, the socket closes
+            assert await editor.read_to_eof() == []
+            # The editor did not leave: the sidecar going away is a failure to report.
+            assert await editor.wait() == 1
     assert not pid_alive(agent_pid)
 
 
@@ -171,24 +181,18 @@ HANG = {"jsonrpc": "2.0", "id": "turn-1", "method": "_test/hang", "params": {}}
 
 async def test_a_turn_in_flight_when_the_sidecar_stops_gets_an_error(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as outer:
-            cancel = trio.Event()
-
-            async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
-                async with sidecar(tmp_path) as address:
-                    task_status.started(address)
-                    await cancel.wait()
-
-            address = await outer.start(run_sidecar)
-            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
-                await editor.request(0, "initialize", INITIALIZE)
-                await editor.response_to(0)
-                await editor.send(HANG)  # a turn the agent never ends
-                await editor.request(1, "session/new", {"cwd": "/", "mcpServers": []})
-                await editor.response_to(1)
-                cancel.set()
-                lines = await editor.read_to_eof()
-                assert await editor.wait() == 1
+        async with (
+            stoppable_sidecar(tmp_path) as (address, cancel),
+            open_connect(address, tmp_path / "editor", token=TOKEN) as editor,
+        ):
+            await editor.request(0, "initialize", INITIALIZE)
+            await editor.response_to(0)
+            await editor.send(HANG)  # a turn the agent never ends
+            await editor.request(1, "session/new", {"cwd": "/", "mcpServers": []})
+            await editor.response_to(1)
+            cancel.set()
+            lines = await editor.read_to_eof()
+            assert await editor.wait() == 1
     (answer,) = [json.loads(line) for line in lines]
     assert answer["id"] == "turn-1" and answer["error"]["code"] == -32603
     assert "sidecar closed the connection" in answer["error"]["message"]
