@@ -57,7 +57,28 @@ def read_json(line: bytes) -> Any:
 DEEPEST_READ = 20_000
 
 
-class MemoryAgent:
+class InMemoryProcess:
+    """What both in-memory agents share with a process (the runtime's ``AgentHandle``): a
+    made-up pid, stdin and stdout as in-memory streams, and an exit status once ended."""
+
+    def __init__(self, argv: Sequence[str], pid: int) -> None:
+        self.pid = pid
+        self.argv = list(argv)
+        self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
+        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
+        self.received_raw: list[bytes] = []
+        self.terminated_by_bridge = False
+        self.returncode: int | None = None
+        self._exited = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class MemoryAgent(InMemoryProcess):
     """One in-memory agent process (implements the runtime's ``AgentHandle``)."""
 
     _pids = 10_000
@@ -75,30 +96,22 @@ class MemoryAgent:
         initialize_gate: trio.Event | None = None,
     ) -> None:
         MemoryAgent._pids += 1
-        self.pid = MemoryAgent._pids
-        self.argv = list(argv)
+        super().__init__(argv, MemoryAgent._pids)
         self.env = dict(env)
         self.name = name
         if session_capabilities is None:
             session_capabilities = {"close": {}}
         self.session_capabilities = dict(session_capabilities)
-        self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
-        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received: list[Any] = []
-        self.received_raw: list[bytes] = []
         self.commands_after_new = commands_after_new
         self.protocol_version = protocol_version
         self.close_error = dict(close_error) if close_error is not None else None
         self.unparsed: list[bytes] = []
         self.bytes_received = 0
         self._writing = trio.Lock()
-        self.terminated_by_bridge = False
-        self.returncode: int | None = None
-        self._exited = trio.Event()
         self._held: list[Any] = []
         self._asked: dict[Any, Any] = {}
         self._sessions = 0
-        self._cancel_scope = trio.CancelScope()
         self.prompt_gate: trio.Event | None = None
         self.initialize_gate = initialize_gate
 
@@ -233,11 +246,6 @@ class MemoryAgent:
         self.returncode = status
         self._cancel_scope.cancel()
 
-    async def wait(self) -> int:
-        await self._exited.wait()
-        assert self.returncode is not None
-        return self.returncode
-
     async def stop(self, grace: float) -> int:
         with trio.CancelScope(shield=True):
             await self.stdin.aclose()
@@ -268,7 +276,7 @@ class MemorySpawner:
         return agent
 
 
-class ScriptedAgent:
+class ScriptedAgent(InMemoryProcess):
     """``tests/fake_agent.py`` or ``tests/fake_goose.py`` run as a coroutine: the same
     ``Script`` answers, read from the same command line, over in-memory streams (implements
     ``AgentHandle``).
@@ -297,17 +305,9 @@ class ScriptedAgent:
         else:
             raise ValueError(f"not a command of a fake agent in tests/: {list(argv)}")
         ScriptedAgent._pids += 1
-        self.pid = ScriptedAgent._pids
-        self.argv = list(argv)
-        self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
-        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
-        self.received_raw: list[bytes] = []
+        super().__init__(argv, ScriptedAgent._pids)
         self.sent_raw: list[bytes] = []
-        self.terminated_by_bridge = False
-        self.returncode: int | None = None
         self.failure: Exception | None = None
-        self._exited = trio.Event()
-        self._cancel_scope = trio.CancelScope()
         if self.args.pidfile:
             Path(self.args.pidfile).write_text(str(self.pid))
 
@@ -373,11 +373,6 @@ class ScriptedAgent:
         if self.returncode is None:
             self.returncode = status
         self._cancel_scope.cancel()
-
-    async def wait(self) -> int:
-        await self._exited.wait()
-        assert self.returncode is not None
-        return self.returncode
 
     async def _exited_within(self, seconds: float) -> bool:
         with trio.move_on_after(seconds):
