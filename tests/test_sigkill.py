@@ -64,6 +64,19 @@ def kill_all(entry: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+async def assert_sigkill_leaves_no_process(bridge: RunningBridge, entry: str) -> None:
+    """SIGKILL the bridge: within :data:`NO_SURVIVOR_AFTER` no process holding ``entry``
+    (its agents, theirs) runs."""
+    bridge.process.kill()
+    await bridge.wait()
+    assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+
+
+async def initialize(bridge: RunningBridge) -> None:
+    await bridge.request(0, "initialize", {"protocolVersion": 1})
+    await bridge.response_to(0)
+
+
 # --- one agent, started before the runtime loaded ---------------------------------------
 
 # When the bridge is killed: (after what, how long after it). "spawn" is the bridge's own
@@ -101,9 +114,7 @@ async def test_an_agent_started_early_never_outlives_a_sigkilled_bridge(
             if after == "answer":
                 assert "result" in await bridge.receive()
             await trio.sleep(delay)
-            bridge.process.kill()
-            await bridge.wait()
-            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            await assert_sigkill_leaves_no_process(bridge, entry)
     finally:
         kill_all(entry)
 
@@ -162,8 +173,7 @@ async def test_a_private_folder_made_while_the_pool_makes_room_is_not_left(
     bridge = await open_pooled_cli(tmp_path, env, "--config", str(config))
     try:
         with trio.fail_after(30):
-            await bridge.request(0, "initialize", {"protocolVersion": 1})
-            await bridge.response_to(0)
+            await initialize(bridge)
             first = await new_session(bridge, 1, override("first"), tmp_path)
             await bridge.request(2, "session/close", {"sessionId": first})
             await bridge.response_to(2)
@@ -173,9 +183,7 @@ async def test_a_private_folder_made_while_the_pool_makes_room_is_not_left(
                 while len(private_folders(temporary)) < 2:
                     await trio.sleep(0.01)
             assert len(private_folders(temporary)) == 2
-            bridge.process.kill()
-            await bridge.wait()
-            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            await assert_sigkill_leaves_no_process(bridge, entry)
             assert private_folders(temporary) == []
     finally:
         kill_all(entry)
@@ -188,16 +196,13 @@ async def test_the_private_folder_of_a_pooled_process_that_exited_is_not_left(
     bridge = await open_pooled_cli(tmp_path, env)
     try:
         with trio.fail_after(30):
-            await bridge.request(0, "initialize", {"protocolVersion": 1})
-            await bridge.response_to(0)
+            await initialize(bridge)
             session = await new_session(bridge, 1, override("persona"), tmp_path)
             assert len(private_folders(temporary)) == 1
             prompt = [{"type": "text", "text": "exit"}]
             await bridge.request(2, "session/prompt", {"sessionId": session, "prompt": prompt})
             assert "error" in await bridge.response_to(2)  # the process exited
-            bridge.process.kill()
-            await bridge.wait()
-            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            await assert_sigkill_leaves_no_process(bridge, entry)
             assert private_folders(temporary) == []
     finally:
         kill_all(entry)
@@ -222,8 +227,7 @@ async def test_a_private_folder_a_dead_bridge_left_is_removed_at_the_next_start(
     bridge = await open_pooled_cli(tmp_path, env)
     try:
         with trio.fail_after(30):
-            await bridge.request(0, "initialize", {"protocolVersion": 1})
-            await bridge.response_to(0)
+            await initialize(bridge)
             await bridge.request(1, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
             assert "result" in await bridge.response_to(1)
             assert sorted(p.name for p in temporary.iterdir()) == sorted([held.name, other.name])
@@ -291,9 +295,7 @@ async def test_a_bridge_sigkilled_at_any_moment_leaves_no_process_and_no_private
         with trio.fail_after(30):
             await live_until(bridge, moment, pooled, tmp_path)
             await trio.sleep(delay)
-            bridge.process.kill()
-            await bridge.wait()
-            assert await survivors(entry, NO_SURVIVOR_AFTER) == []
+            await assert_sigkill_leaves_no_process(bridge, entry)
             # The next start finds no private file either.
             after = await open_pooled_cli(tmp_path, env, name="next")
             await after.request(0, "initialize", {"protocolVersion": 1})
