@@ -158,13 +158,24 @@ def _platform_suffix() -> str:
     return f"{sys.platform}-{arch}"
 
 
+def installed_file(package: str, version: str, *parts: str) -> Path:
+    """``parts`` inside the installed ``package@version`` (installed now if it is not);
+    an error if the package has no such file."""
+    install(package, version)
+    path = package_dir(package, version).joinpath(*parts)
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing")
+    return path
+
+
+def node_command(entry: Path, *args: str) -> list[str]:
+    """``entry`` (a package's JavaScript) run by node directly."""
+    return [shutil.which("node") or "node", str(entry), *args]
+
+
 def claude_agent_command(package: str, version: str) -> list[str]:
     """Command that starts claude-agent-acp ``package@version`` speaking ACP on stdio."""
-    install(package, version)
-    entry = package_dir(package, version) / "dist" / "index.js"
-    if not entry.is_file():
-        raise RuntimeError(f"{entry} is missing")
-    return [shutil.which("node") or "node", str(entry)]
+    return node_command(installed_file(package, version, "dist", "index.js"))
 
 
 def goose_binary(version: str = GOOSE_VERSION) -> Path:
@@ -188,11 +199,7 @@ def codex_acp_command() -> list[str]:
     """The 2.x codex-acp (``@agentclientprotocol/codex-acp``) run by node directly; it
     starts the bundled codex app-server itself."""
     package, version = CODEX_ACP_APP_SERVER
-    install(package, version)
-    entry = package_dir(package, version) / "dist" / "index.js"
-    if not entry.is_file():
-        raise RuntimeError(f"{entry} is missing")
-    return [shutil.which("node") or "node", str(entry)]
+    return node_command(installed_file(package, version, "dist", "index.js"))
 
 
 def opencode_binary(version: str = OPENCODE_VERSION) -> Path:
@@ -202,62 +209,38 @@ def opencode_binary(version: str = OPENCODE_VERSION) -> Path:
     optional platform packages) at ``bin/opencode.exe``, the package's own ``bin`` entry.
     """
     package = "opencode-ai"
-    install(package, version)
-    binary = package_dir(package, version) / "bin" / "opencode.exe"
-    if not binary.is_file():
-        raise RuntimeError(f"{binary} is missing")
-    return binary
+    return installed_file(package, version, "bin", "opencode.exe")
 
 
 def copilot_binary(version: str = COPILOT_VERSION) -> Path:
     """The native GitHub Copilot CLI (run it as ``copilot --acp``), not its node loader."""
     package = f"@github/copilot-{_platform_suffix()}"
-    install(package, version)
-    binary = package_dir(package, version) / "copilot"
-    if not binary.is_file():
-        raise RuntimeError(f"{binary} is missing")
-    return binary
+    return installed_file(package, version, "copilot")
 
 
 def cline_binary(version: str = CLINE_VERSION) -> Path:
     """The compiled cline binary (run it as ``cline --acp``), not npm ``cline``'s node
     launcher, which would stay between the bridge and the agent."""
     package = f"@cline/cli-{_platform_suffix()}"
-    install(package, version)
-    binary = package_dir(package, version) / "bin" / "cline"
-    if not binary.is_file():
-        raise RuntimeError(f"{binary} is missing")
-    return binary
+    return installed_file(package, version, "bin", "cline")
 
 
 def kilo_binary(version: str = KILO_VERSION) -> Path:
     """The Kilo binary (run it as ``kilo acp``) from its platform package."""
     package = f"@kilocode/cli-{_platform_suffix()}"
-    install(package, version)
-    binary = package_dir(package, version) / "bin" / "kilo"
-    if not binary.is_file():
-        raise RuntimeError(f"{binary} is missing")
-    return binary
+    return installed_file(package, version, "bin", "kilo")
 
 
 def gemini_command() -> list[str]:
     """``gemini --acp`` from the pinned @google/gemini-cli bundle, run by node directly."""
     package, version = GEMINI_CLI
-    install(package, version)
-    entry = package_dir(package, version) / "bundle" / "gemini.js"
-    if not entry.is_file():
-        raise RuntimeError(f"{entry} is missing")
-    return [shutil.which("node") or "node", str(entry), "--acp"]
+    return node_command(installed_file(package, version, "bundle", "gemini.js"), "--acp")
 
 
 def qwen_command() -> list[str]:
     """``qwen --acp`` from the pinned @qwen-code/qwen-code package, run by node directly."""
     package, version = QWEN_CODE
-    install(package, version)
-    entry = package_dir(package, version) / "cli-entry.js"
-    if not entry.is_file():
-        raise RuntimeError(f"{entry} is missing")
-    return [shutil.which("node") or "node", str(entry), "--acp"]
+    return node_command(installed_file(package, version, "cli-entry.js"), "--acp")
 
 
 def codex_endpoint_args(provider: str, name: str, endpoint_url: str) -> list[str]:
