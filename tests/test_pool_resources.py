@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from acp_bridge.adapter import AgentLink
@@ -80,28 +81,23 @@ async def a_process_is_stopped(client: AcpClient, bridge: Bridge, cwd: Path, n: 
     await link.done.wait()  # idle_timeout 0: the pool stops it at once
 
 
-async def test_pooled_processes_that_die_leave_no_descriptor_behind(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with pooled_bridge(tmp_path) as (client, bridge):
-            await a_process_dies(client, bridge, tmp_path, 0)  # whatever the first one opens
-            before = open_fds()
-            for n in range(1, CYCLES + 1):
-                await a_process_dies(client, bridge, tmp_path, n)
-            after = open_fds()
-            processes = len(bridge.processes)
-    assert after - before < CYCLES // 4, (before, after)
-    assert processes == 1
+Cycle = Callable[[AcpClient, Bridge, Path, int], Awaitable[None]]
 
 
-async def test_pooled_processes_that_are_stopped_leave_no_descriptor_behind(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("pool_options", "cycle"),
+    [({}, a_process_dies), ({"idle_timeout": 0}, a_process_is_stopped)],
+    ids=["that-die", "that-are-stopped"],
+)
+async def test_pooled_processes_leave_no_descriptor_behind(
+    tmp_path: Path, pool_options: dict[str, Any], cycle: Cycle
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with pooled_bridge(tmp_path, idle_timeout=0) as (client, bridge):
-            await a_process_is_stopped(client, bridge, tmp_path, 0)
+        async with pooled_bridge(tmp_path, **pool_options) as (client, bridge):
+            await cycle(client, bridge, tmp_path, 0)  # whatever the first one opens
             before = open_fds()
             for n in range(1, CYCLES + 1):
-                await a_process_is_stopped(client, bridge, tmp_path, n)
+                await cycle(client, bridge, tmp_path, n)
             after = open_fds()
             processes = len(bridge.processes)
     assert after - before < CYCLES // 4, (before, after)
