@@ -220,6 +220,15 @@ OpenMemoryBridge = Callable[..., AbstractAsyncContextManager["MemoryBridge"]]
 PRIVATE_ENV = ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
 
 
+def bridge_folder(directory: Path, config: dict[str, Any] | None) -> tuple[Path, Path]:
+    """A new folder for one bridge, with its config.yaml (the state in memory, ``config``
+    on top); returns both."""
+    directory.mkdir()
+    config_path = directory / "config.yaml"
+    config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+    return directory, config_path
+
+
 @pytest.fixture
 def bridge_env(tmp_path: Path) -> dict[str, str]:
     """An environment that keeps the bridge away from the user's config and state."""
@@ -256,10 +265,7 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
     ) -> AsyncIterator[RunningBridge]:
         nonlocal counter
         counter += 1
-        directory = tmp_path / f"bridge-{counter}"
-        directory.mkdir()
-        config_path = directory / "config.yaml"
-        config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+        directory, config_path = bridge_folder(tmp_path / f"bridge-{counter}", config)
         # Without a configuration file the bridge may answer initialize before it has
         # loaded (acp_bridge.runtime.early_initialize); a file of any content leaves it to
         # the runtime.
@@ -364,10 +370,7 @@ async def open_memory_bridge(
     ) -> AsyncIterator[MemoryBridge]:
         nonlocal counter
         counter += 1
-        directory = tmp_path / f"bridge-{counter}"
-        directory.mkdir()
-        config_path = directory / "config.yaml"
-        config_path.write_text(yaml.safe_dump({"bridge": {"state": ":memory:", **(config or {})}}))
+        directory, config_path = bridge_folder(tmp_path / f"bridge-{counter}", config)
         trace: Path | None = None
         if bridge_args:
             assert bridge_args[0] == "--trace" and len(bridge_args) == 2, bridge_args
