@@ -16,7 +16,8 @@ serves such an agent with several processes behind one client connection:
   ``max_processes`` run at once (the primary included) and past that a new prompt gets a
   clear error; every process is stopped and every private file removed on shutdown;
 * with ``spare: true``, where the agent reads its prompt files only when a session starts
-  (the adapter names those prompt modes in :attr:`PoolAdapter.spare_modes`), a *spare*
+  (the adapter names those prompt modes in :attr:`PoolAdapter.spare_modes`, or decides in
+  :meth:`PoolAdapter.spares_for`), a *spare*
   process is started in the background after a new prompt's process: started and
   initialized with a private folder that holds no prompt yet, it is claimed by the next
   new prompt of its mode, whose files are written into its folder before ``session/new``
@@ -244,8 +245,13 @@ class PoolAdapter(Adapter):
         gets the prompt in the request; the pool starts processes only for the rest."""
         return prompt
 
+    def spares_for(self, mode: str) -> bool:
+        """Whether a spare process can be started for ``mode`` prompts: whether the mode is
+        one of :attr:`spare_modes` (an adapter whose agent versions differ decides here)."""
+        return mode in self.spare_modes
+
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
-        """How a process is started for a ``mode`` prompt (one of :attr:`spare_modes`) that
+        """How a process is started for a ``mode`` prompt (see :meth:`spares_for`) that
         is not known yet. Write no prompt text: ``private`` holds none until the process is
         claimed. Raise :class:`PromptRefused` when no spare can be prepared.
         """
@@ -428,7 +434,7 @@ class PoolAdapter(Adapter):
         current = self._spare
         if (
             not self.options.spare
-            or mode not in self.spare_modes
+            or not self.spares_for(mode)
             or self._stopping
             or self._spare_starting is not None
             or (current is not None and current.spare_mode == mode)

@@ -29,7 +29,10 @@ after ``acp-bridge-system-prompt`` comes after the bridge's text.
 A session stores no prompt: the system message is rebuilt from the serving process's
 folder on every turn, so ``session/load`` in the process of the prompt the session should
 run with gets exactly that prompt, after a bridge restart too. cline has no
-``session/resume``, ``fork``, ``close`` or ``list``.
+``session/resume``, ``fork``, ``close`` or ``list``. As it reads its rules only when a
+session starts (a rule file written after ``initialize`` reaches the model,
+``tests/e2e/test_cline.py``), the pool can keep a spare process whose private folder holds
+all but the bridge's rule file, written when the process is claimed.
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ def user_data_dir(environ: Mapping[str, str]) -> Path:
     return Path(own) if own else user_cline_dir(environ) / DATA
 
 
-def private_cline_dir(user_dir: Path, text: str, private: PrivateDir) -> Path:
-    """A cline folder in ``private``: the user's folder with the bridge's rule added."""
+def private_cline_dir(user_dir: Path, private: PrivateDir) -> Path:
+    """A cline folder in ``private``: the user's folder, ready for the bridge's rule."""
     if user_dir.is_dir():
         for entry in sorted(user_dir.iterdir()):
             if entry.name != RULES:
@@ -81,7 +84,6 @@ def private_cline_dir(user_dir: Path, text: str, private: PrivateDir) -> Path:
             if rule.name != RULE_FILE and rule.is_file():
                 shutil.copyfile(rule, rules / rule.name)  # a link would be skipped
                 (rules / rule.name).chmod(0o600)
-    private.write(f"{RULES}/{RULE_FILE}", text)
     return private.path
 
 
@@ -90,6 +92,7 @@ class ClineAdapter(PoolAdapter):
     description = "cline --acp: one process per distinct prompt, a rules file (append only)"
     agent_label = "cline"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"append"})
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -111,16 +114,15 @@ class ClineAdapter(PoolAdapter):
                 {"field": "systemPrompt.mode"},
                 INVALID_PARAMS,
             )
-        if not prompt.text.strip():
-            # cline trims a rule file and leaves an empty one out: nothing would arrive.
-            raise PromptRefused(
-                "cline trims the system prompt, and this one is only whitespace.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            )
-        environment = self.agent_environment() or os.environ
+        check_not_blank(prompt)
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        check_not_blank(prompt)
         try:
-            folder = private_cline_dir(user_cline_dir(environment), prompt.text, private)
+            private.write(f"{RULES}/{RULE_FILE}", prompt.text)
         except UnicodeEncodeError as exc:
             raise PromptRefused(
                 f"The append system prompt contains a lone surrogate (position {exc.start}), "
@@ -128,6 +130,11 @@ class ClineAdapter(PoolAdapter):
                 {"field": "systemPrompt.content"},
                 INVALID_PARAMS,
             ) from None
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
+        environment = self.agent_environment() or os.environ
+        try:
+            folder = private_cline_dir(user_cline_dir(environment), private)
         except OSError as exc:
             raise PromptRefused(
                 f"The bridge cannot carry the user's cline folder over to a private one: {exc}"
@@ -138,3 +145,13 @@ class ClineAdapter(PoolAdapter):
             **LOCAL_BACKEND,
         }
         return ProcessConfig(env=env)
+
+
+def check_not_blank(prompt: SystemPrompt) -> None:
+    if not prompt.text.strip():
+        # cline trims a rule file and leaves an empty one out: nothing would arrive.
+        raise PromptRefused(
+            "cline trims the system prompt, and this one is only whitespace.",
+            {"field": "systemPrompt.content"},
+            INVALID_PARAMS,
+        )

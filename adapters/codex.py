@@ -8,8 +8,10 @@ primary process. The bridge adds only what it lacks: an override prompt gets a p
 its own whose ``CODEX_CONFIG`` (the JSON configuration 2.x reads from its environment; it
 ignores command-line arguments) is the user's plus ``model_instructions_file`` naming a
 private file; codex then puts that file where its default instructions would be, the
-first developer item (codex 0.166 sends no ``instructions`` field). 2.0 to 2.2, without
-the native capability, are not recognised (the first-turn route serves them).
+first developer item (codex 0.166 sends no ``instructions`` field). 2.x reads that file
+when a session starts, so the pool can keep a spare override process (``spare: true``)
+whose file is written when it is claimed. 2.0 to 2.2, without the native capability, are
+not recognised (the first-turn route serves them).
 
 ``codex-acp`` 0.16 (``@zed-industries/codex-acp``, the ``codex-legacy`` preset) reads
 instructions only from its process configuration, loaded once at start:
@@ -248,11 +250,25 @@ class CodexAdapter(PoolAdapter):
         """2.x: an override process; the user's CODEX_CONFIG plus the instructions file."""
         # Only override comes here: append (and any mode the agent advertises) is native.
         check_override_text(prompt)
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
+
+    def spares_for(self, mode: str) -> bool:
+        # 2.6 reads model_instructions_file when a session starts (a file written after
+        # initialize reaches the model, tests/e2e/test_codex_acp.py); 0.16 reads its
+        # configuration when the process starts.
+        return mode == "override" and is_app_server(self.context.primary.initialize_result)
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment() or {}
         config = user_codex_config(environment.get(CONFIG_VARIABLE))
-        path = private.write(INSTRUCTIONS_FILE, prompt.text)
-        config["model_instructions_file"] = str(path)
+        config["model_instructions_file"] = str(private.path / INSTRUCTIONS_FILE)
         return ProcessConfig(env={CONFIG_VARIABLE: json.dumps(config, ensure_ascii=False)})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        check_override_text(prompt)
+        private.write(INSTRUCTIONS_FILE, prompt.text)
 
 
 def check_override_text(prompt: SystemPrompt) -> None:

@@ -23,6 +23,10 @@ Sessions live in Kilo's database under the user's data directory, shared by ever
 process; the system message comes from the serving process's configuration, so
 ``session/load`` / ``session/resume`` in the process of the prompt the session should run
 with gets exactly that prompt, after a bridge restart too.
+
+Kilo reads the instructions file only when a session starts (a file written after
+``initialize`` reaches the model, ``tests/e2e/test_kilo.py``), so the pool can keep a spare
+process, its configuration layer written, and write the instructions when it is claimed.
 """
 
 from __future__ import annotations
@@ -56,13 +60,7 @@ def protect_references(text: str, brace_file: str) -> str:
     On a line whose start (before the brace, whitespace skipped) is ``//``, Kilo
     substitutes nothing, so the brace stays as it is.
     """
-    if "{" in brace_file or "}" in brace_file:
-        # Kilo's reference ends at the first `}`; a `{` would be substituted in its config.
-        raise PromptRefused(
-            f"The bridge's private file {brace_file} has a brace in its path, which Kilo "
-            f"cannot take in a file reference; set TMPDIR to a path without one.",
-            {"file": brace_file},
-        )
+    check_reference_path(brace_file)
     reference = "{file:" + brace_file + "}"
     pieces: list[str] = []
     line_start = 0
@@ -76,11 +74,23 @@ def protect_references(text: str, brace_file: str) -> str:
     return "".join(pieces)
 
 
+def check_reference_path(brace_file: str) -> None:
+    """Refuse a private path Kilo cannot name in a ``{file:…}`` reference or its config."""
+    if "{" in brace_file or "}" in brace_file:
+        # Kilo's reference ends at the first `}`; a `{` would be substituted in its config.
+        raise PromptRefused(
+            f"The bridge's private file {brace_file} has a brace in its path, which Kilo "
+            f"cannot take in a file reference; set TMPDIR to a path without one.",
+            {"file": brace_file},
+        )
+
+
 class KiloAdapter(PoolAdapter):
     name = "kilo"
     description = "kilo acp: one process per distinct prompt, a private instructions file"
     agent_label = "kilo"
     reported_name = AGENT_NAME
+    spare_modes = frozenset({"append"})
 
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=False)
@@ -92,6 +102,11 @@ class KiloAdapter(PoolAdapter):
                 {"field": "systemPrompt.mode"},
                 INVALID_PARAMS,
             )
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
+
+    def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment()
         own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
         if own:
@@ -102,11 +117,17 @@ class KiloAdapter(PoolAdapter):
                 f"global config file or KILO_CONFIG_CONTENT, or unset {CONFIG_VARIABLE}.",
                 {"variable": CONFIG_VARIABLE},
             )
-        brace = private.write(BRACE_FILE, "{")
+        # Kilo substitutes in its JSON configuration too: the private path has no brace.
+        check_reference_path(str(private.path / BRACE_FILE))
+        private.write(BRACE_FILE, "{")
+        instructions = private.path / INSTRUCTIONS_FILE
+        config = private.write(CONFIG_FILE, json.dumps({"instructions": [str(instructions)]}))
+        return ProcessConfig(env={CONFIG_VARIABLE: str(config)})
+
+    def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
+        brace = private.path / BRACE_FILE
         try:
-            instructions = private.write(
-                INSTRUCTIONS_FILE, protect_references(prompt.text, str(brace))
-            )
+            private.write(INSTRUCTIONS_FILE, protect_references(prompt.text, str(brace)))
         except UnicodeEncodeError as exc:
             raise PromptRefused(
                 f"The append system prompt contains a lone surrogate (position {exc.start}), "
@@ -114,7 +135,3 @@ class KiloAdapter(PoolAdapter):
                 {"field": "systemPrompt.content"},
                 INVALID_PARAMS,
             ) from None
-        # Kilo substitutes in its JSON configuration too: the private path has no brace
-        # (protect_references made sure).
-        config = private.write(CONFIG_FILE, json.dumps({"instructions": [str(instructions)]}))
-        return ProcessConfig(env={CONFIG_VARIABLE: str(config)})

@@ -8,6 +8,7 @@ not live.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,12 +52,13 @@ def environment_values(pid: int, name: str) -> list[str]:
 
 def named_files(pids: list[int], variable: str, inside: str = "") -> dict[int, Path]:
     """Each process's file named by ``variable`` in its environment: the value itself, or
-    ``inside`` the folder the value's last comma-separated entry names."""
+    the path ``inside`` relative to the value's last comma-separated entry (``..`` steps
+    out of it)."""
     files = {}
     for pid in pids:
         for value in environment_values(pid, variable):
-            folder = Path(value.rsplit(",", 1)[-1])
-            files[pid] = folder / inside if inside else folder
+            named = value.rsplit(",", 1)[-1]
+            files[pid] = Path(os.path.normpath(os.path.join(named, inside)) if inside else named)
     return files
 
 

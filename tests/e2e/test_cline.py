@@ -23,7 +23,7 @@ import pytest
 import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
-from agent_processes import environment_values, live_processes
+from agent_processes import environment_values, live_processes, wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
@@ -126,6 +126,26 @@ async def test_each_prompt_reaches_its_own_sessions_and_no_process_is_left(
     assert appended(seen[second], AWKWARD) and "MARKER-ONE" not in seen[second].system_text()
     # The two processes of the prompts ran in local mode: no hub daemon was started.
     assert backends == {(), ("local",)}
+
+
+async def test_a_spare_process_serves_the_next_prompt_with_its_text(cline: ClineHome) -> None:
+    config = cline.root / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    cline: {spare: true}\n")
+    rule = "rules/acp-bridge-system-prompt.md"
+    with trio.fail_after(TIMEOUT * 2):
+        async with cline.bridge("--config", str(config)) as run:
+            first = await run.new(text_prompt("append", "MARKER-FIRST"))
+            # Started and initialized while its rules folder holds no rule of the bridge.
+            spare, rule_file = await wait_for_spare(
+                lambda: cline.processes(only_cline=True), "CLINE_DIR", rule
+            )
+            second = await run.new(text_prompt("append", AWKWARD))
+            assert rule_file.read_text() == AWKWARD
+            assert spare in cline.processes(only_cline=True)
+            seen = await run.turns_at_once(first, second)
+    assert appended(seen[first], "MARKER-FIRST") and AWKWARD not in seen[first].system_text()
+    assert appended(seen[second], AWKWARD) and "MARKER-FIRST" not in seen[second].system_text()
+    assert not rule_file.exists()
 
 
 async def test_load_after_a_bridge_restart_keeps_the_sessions_prompt(cline: ClineHome) -> None:

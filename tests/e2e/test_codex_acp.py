@@ -27,7 +27,7 @@ import agents  # tests/agents.py: installs and caches the pinned agents
 import pytest
 import trio
 from acp_requests import append, override, session_params
-from agent_processes import live_processes
+from agent_processes import environment_values, live_processes
 from bridge_cli import bridge_command, isolated_env, write_verify_config
 from codex_endpoint import (
     CodexOnEndpoint,
@@ -257,6 +257,45 @@ async def test_a_live_session_of_the_primary_cannot_move_to_an_override_process(
             )
     assert frame["error"]["code"] == -32600
     assert frame["error"]["data"]["reason"] == "thread_active_writer"
+
+
+def override_files(pids: list[int]) -> dict[int, Path]:
+    """Each process's ``model_instructions_file``, from the CODEX_CONFIG it runs with."""
+    files = {}
+    for pid in pids:
+        for value in environment_values(pid, "CODEX_CONFIG"):
+            named = json.loads(value).get("model_instructions_file")
+            if named:
+                files[pid] = Path(named)
+    return files
+
+
+async def test_a_spare_process_serves_the_next_override_with_its_text(
+    codex: CodexAcp, tmp_path: Path
+) -> None:
+    config = tmp_path / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    codex: {spare: true}\n")
+    with trio.fail_after(TIMEOUT * 2):
+        async with codex.bridge("--config", str(config)) as client:
+            first = await new_session(client, tmp_path, override("MARKER-FIRST"))
+            # Started and initialized while its model_instructions_file does not exist.
+            while not (
+                spares := {
+                    pid: path
+                    for pid, path in override_files(codex.acp_processes()).items()
+                    if not path.exists()
+                }
+            ):
+                await trio.sleep(0.1)
+            ((spare, instructions),) = spares.items()
+            second = await new_session(client, tmp_path, override("MARKER-SECOND \u00e9"))
+            assert instructions.read_text() == "MARKER-SECOND \u00e9"
+            assert spare in codex.acp_processes()
+            one, two = await ask(codex, client, first), await ask(codex, client, second)
+    assert developer(one)[0] == "MARKER-FIRST" and not has(one, "MARKER-SECOND")
+    assert developer(two)[0] == "MARKER-SECOND \u00e9" and not has(two, "MARKER-FIRST")
+    assert not has_default(two)
+    assert not instructions.exists()
 
 
 async def test_no_process_is_left_after_the_client_closes(codex: CodexAcp, tmp_path: Path) -> None:

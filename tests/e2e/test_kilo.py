@@ -21,7 +21,7 @@ import pytest
 import trio
 from acp_requests import text_prompt
 from agent_home import AgentHome, open_agent_home
-from agent_processes import live_processes
+from agent_processes import live_processes, wait_for_spare
 from bridge_cli import isolated_env, write_verify_config
 from conftest import run_verify
 
@@ -133,6 +133,29 @@ async def test_each_prompt_reaches_its_own_sessions_verbatim(kilo: KiloHome) -> 
     assert all(USER_INSTRUCTIONS in request.system_text() for request in seen.values())
     # Every process shares the user's session database: one list has them all.
     assert {plain, first, second} <= {s["sessionId"] for s in listed["sessions"]}
+
+
+async def test_a_spare_process_serves_the_next_prompt_with_its_text(kilo: KiloHome) -> None:
+    config = kilo.root / "spare.yaml"
+    config.write_text("bridge:\n  adapter_options:\n    kilo: {spare: true}\n")
+
+    def pids() -> list[int]:
+        return kilo.processes(only_kilo=True)
+
+    with trio.fail_after(TIMEOUT * 2):
+        async with kilo.bridge("--config", str(config)) as run:
+            first = await run.new(text_prompt("append", "MARKER-FIRST"))
+            # Started and initialized with its configuration layer naming an instructions
+            # file that does not exist yet.
+            spare, instructions = await wait_for_spare(pids, "KILO_CONFIG", "../system-prompt.md")
+            assert (instructions.parent / "kilo.json").is_file()
+            second = await run.new(text_prompt("append", AWKWARD))
+            assert instructions.is_file()
+            assert spare in pids()
+            seen = await run.turns_at_once(first, second)
+    assert appended(seen[first], "MARKER-FIRST") and AWKWARD not in seen[first].system_text()
+    assert appended(seen[second], AWKWARD) and "MARKER-FIRST" not in seen[second].system_text()
+    assert not instructions.exists()
 
 
 async def test_resume_after_a_bridge_restart_keeps_the_sessions_prompt(kilo: KiloHome) -> None:
