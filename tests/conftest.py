@@ -27,6 +27,7 @@ import pytest
 import trio
 import trio.testing
 import yaml
+from bridge_cli import isolated_env, write_verify_config
 from memory_agent import ScriptedAgent, ScriptedSpawner
 
 from acp_bridge.commands.cli import make_tracer, resolve_runtime
@@ -462,3 +463,14 @@ async def run_verify(*args: str, env: dict[str, str], timeout: float) -> VerifyR
             check=False,
         )
     return VerifyReport(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+async def verify_cached_preset(
+    tmp_path: Path, preset: str, command: Sequence[str], timeout: float
+) -> VerifyReport:
+    """``verify --agent PRESET`` as an isolated user under ``tmp_path``, the preset started
+    with ``command`` (the cached install) where the shipped one fetches it through npx."""
+    config = write_verify_config(tmp_path / "config.yaml", preset, command)
+    return await run_verify(
+        "--config", str(config), "--agent", preset, env=isolated_env(tmp_path), timeout=timeout
+    )

@@ -25,7 +25,7 @@ import pytest
 import trio
 from acp_requests import append, override, prompt_params, session_params
 from agent_processes import live_processes
-from bridge_cli import bridge_command, isolated_env, write_verify_config
+from bridge_cli import bridge_command
 from codex_endpoint import (
     CodexOnEndpoint,
     ask,
@@ -33,7 +33,7 @@ from codex_endpoint import (
     new_session,
     private_codex_home,
 )
-from conftest import run_verify
+from conftest import verify_cached_preset
 
 from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
 from acp_bridge.runtime.client import AcpClient, spawn_bridge
@@ -247,15 +247,7 @@ async def test_verify_passes_for_the_codex_legacy_preset(
     codex_binary: Path, tmp_path: Path
 ) -> None:
     # The shipped preset runs codex-acp through npx; point it at the cached binary instead.
-    config = write_verify_config(tmp_path / "config.yaml", "codex-legacy", [str(codex_binary)])
-    report = await run_verify(
-        "--config",
-        str(config),
-        "--agent",
-        "codex-legacy",
-        env=isolated_env(tmp_path),
-        timeout=4 * TIMEOUT,
-    )
+    report = await verify_cached_preset(tmp_path, "codex-legacy", [str(codex_binary)], 4 * TIMEOUT)
     report.assert_passed()
     # Every step codex can do passes; what it cannot is shown, never hidden.
     assert report.table.count("PASS") >= 8

@@ -28,7 +28,7 @@ import pytest
 import trio
 from acp_requests import append, override, session_params
 from agent_processes import environment_values, live_processes
-from bridge_cli import bridge_command, isolated_env, write_verify_config
+from bridge_cli import bridge_command
 from codex_endpoint import (
     CodexOnEndpoint,
     ask,
@@ -36,7 +36,7 @@ from codex_endpoint import (
     new_session,
     private_codex_home,
 )
-from conftest import run_verify
+from conftest import verify_cached_preset
 
 from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
 from acp_bridge.runtime.client import AcpClient, spawn_bridge
@@ -316,10 +316,7 @@ async def test_no_process_is_left_after_the_client_closes(codex: CodexAcp, tmp_p
 
 async def test_verify_passes_for_the_codex_preset(codex_acp: list[str], tmp_path: Path) -> None:
     # The shipped preset runs codex-acp through npx; point it at the cached install instead.
-    config = write_verify_config(tmp_path / "config.yaml", "codex", codex_acp)
-    report = await run_verify(
-        "--config", str(config), "--agent", "codex", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
-    )
+    report = await verify_cached_preset(tmp_path, "codex", codex_acp, 4 * TIMEOUT)
     report.assert_passed()
     assert report.table.count("PASS") >= 9
     # codex keeps a session's (and a fork's parent's) developer message: shown, not hidden.

@@ -16,8 +16,8 @@ import pytest
 import trio
 from acp_requests import append, override
 from agent_processes import environment_values, wait_for_spare
-from bridge_cli import isolated_env, write_verify_config
-from conftest import run_verify
+from bridge_cli import isolated_env
+from conftest import verify_cached_preset
 from pooled_agent import (
     PooledAgent,
     assert_interleaved_sessions_keep_their_prompts,
@@ -202,14 +202,6 @@ async def test_verify_passes_for_the_gemini_preset(
     gemini_command: list[str], tmp_path: Path
 ) -> None:
     # The shipped preset runs gemini through npx; point it at the cached install instead.
-    config = write_verify_config(tmp_path / "config.yaml", "gemini", gemini_command)
-    report = await run_verify(
-        "--config",
-        str(config),
-        "--agent",
-        "gemini",
-        env=isolated_env(tmp_path),
-        timeout=4 * TIMEOUT,
-    )
+    report = await verify_cached_preset(tmp_path, "gemini", gemini_command, 4 * TIMEOUT)
     report.assert_passed()
     assert report.table.count("PASS") >= 3

@@ -15,8 +15,8 @@ import pytest
 import trio
 from acp_requests import append, override
 from agent_processes import wait_for_spare
-from bridge_cli import isolated_env, write_verify_config
-from conftest import run_verify
+from bridge_cli import isolated_env
+from conftest import verify_cached_preset
 from pooled_agent import (
     PooledAgent,
     assert_interleaved_sessions_keep_their_prompts,
@@ -163,9 +163,6 @@ async def test_no_qwen_process_is_left_after_the_client_disconnects(qwen: Pooled
 
 async def test_verify_passes_for_the_qwen_preset(qwen_command: list[str], tmp_path: Path) -> None:
     # The shipped preset runs qwen through npx; point it at the cached install instead.
-    config = write_verify_config(tmp_path / "config.yaml", "qwen", qwen_command)
-    report = await run_verify(
-        "--config", str(config), "--agent", "qwen", env=isolated_env(tmp_path), timeout=4 * TIMEOUT
-    )
+    report = await verify_cached_preset(tmp_path, "qwen", qwen_command, 4 * TIMEOUT)
     report.assert_passed()
     assert report.table.count("PASS") >= 6
