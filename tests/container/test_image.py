@@ -229,7 +229,9 @@ async def test_state_volume_outlives_the_container_and_stop_is_quick(
             start = time.monotonic()
             await trio.to_thread.run_sync(podman, "stop", first)
             stop_seconds = time.monotonic() - start
-            assert await editor.wait() == 0  # connect left when the sidecar closed
+            # connect leaves when the sidecar closes, and says the sidecar went away while
+            # the editor was still connected (exit 1), as an agent that exits on its own.
+            assert await editor.wait() == 1
     print(f"podman stop: {stop_seconds:.2f}s")
     assert stop_seconds < 5
     assert podman("inspect", "--format", "{{.State.Status}}", first).strip() == "exited"
