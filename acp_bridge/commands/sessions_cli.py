@@ -62,7 +62,8 @@ def list_sessions(ctx: click.Context, agent: str | None, as_json: bool) -> None:
         click.echo(json.dumps([_summary(record) for record in records], indent=2))
         return
     if not records:
-        click.echo("No stored sessions." if agent is None else f"No stored sessions of {agent}.")
+        scope = "" if agent is None else f" of {agent}"
+        click.echo(_printable(f"No stored sessions{scope}."))
         return
     damaged = [r for r in records if r.damaged is not None]
     if damaged:
@@ -73,7 +74,13 @@ def list_sessions(ctx: click.Context, agent: str | None, as_json: bool) -> None:
         )
     rows = [("AGENT", "SESSION ID", "MODE", "LIVE", "UPDATED")]
     rows += [
-        (r.agent, r.session_id, _mode(r), "yes" if r.live else "no", _local_time(r.updated_at))
+        (
+            _printable(r.agent),
+            _printable(r.session_id),
+            _mode(r),
+            "yes" if r.live else "no",
+            _local_time(r.updated_at),
+        )
         for r in records
     ]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
@@ -100,7 +107,7 @@ def show_session(
         data = _summary(record)
         if with_prompt:
             data["prompt"] = None if prompt is None else prompt.to_wire()
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        click.echo(_printable(json.dumps(data, indent=2, ensure_ascii=False)))
         return
     fields = [
         ("agent", record.agent),
@@ -129,7 +136,7 @@ def show_session(
         fields.append(("damaged", record.damaged))
     width = max(len(name) for name, _ in fields) + 1
     for name, value in fields:
-        click.echo(f"{name + ':':<{width}} {value}")
+        click.echo(_printable(f"{name + ':':<{width}} {value}"))
     if with_prompt and prompt is not None:
         click.echo()
         click.echo(prompt.text)
@@ -152,7 +159,7 @@ def forget_session(
             record = _find(store, session_id, agent)
             assert store is not None  # _find fails on a missing database
             store.forget(record.agent, record.session_id)
-        click.echo(f"Forgot session {record.session_id} of {record.agent}.")
+        click.echo(_printable(f"Forgot session {record.session_id} of {record.agent}."))
         return
     with _open_store(ctx) as store:
         count = 0 if store is None else len(store.list(agent))
@@ -163,7 +170,7 @@ def forget_session(
         if not yes:
             click.confirm(f"Forget {count} stored session(s){scope}?", abort=True)
         forgotten = store.forget_all(agent) if store is not None else 0
-    click.echo(f"Forgot {forgotten} session(s){scope}.")
+    click.echo(_printable(f"Forgot {forgotten} session(s){scope}."))
 
 
 @contextmanager
@@ -203,6 +210,13 @@ def _find(store: SessionStore | None, session_id: str, agent: str | None) -> Ses
             "choose one with --agent."
         )
     return matches[0]
+
+
+def _printable(text: str) -> str:
+    """``text`` as output can take it: a lone surrogate (valid in JSON, so possible in an
+    id or agent name, but not text) as its ``\\uXXXX`` escape, which in JSON output reads
+    back as the same value."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _mode(record: SessionRecord) -> str:

@@ -86,8 +86,10 @@ class RequestLog:
     def add(self, record: RecordedRequest) -> None:
         if self.log_path is not None:
             # One short append per request; a blocking write keeps lines whole and in
-            # order without a writer task, and is negligible next to a model call.
-            with self.log_path.open("a", encoding="utf-8") as log_file:
+            # order without a writer task, and is negligible next to a model call. A lone
+            # surrogate (valid JSON, no UTF-8 form) can only stand inside a JSON string,
+            # where its backslash escape reads back as the same value.
+            with self.log_path.open("a", encoding="utf-8", errors="backslashreplace") as log_file:
                 log_file.write(record.to_json_line())
         with self._lock:
             self._records.append(record)

@@ -14,6 +14,12 @@ A session is *live* while the bridge process that opened it runs and has not clo
 each row records its owner (pid and process start time, so a reused pid does not count),
 and liveness is judged when the row is read. A bridge killed with SIGKILL therefore
 leaves no session that looks live.
+
+Ids and agent names arrive in JSON, which can spell text that has no UTF-8 form (a lone
+surrogate, ``"\\ud800"``); SQLite takes only UTF-8 text. Such a value (and only such a
+value) is stored as a BLOB of its ``surrogatepass`` UTF-8 bytes (:func:`_column`). A BLOB
+never equals TEXT in SQLite, so the encoding is injective: every value is stored and found
+exactly, and the TEXT rows of existing databases read as before.
 """
 
 from __future__ import annotations
@@ -177,7 +183,7 @@ class SessionStore:
         with self._read() as db:
             row = db.execute(
                 f"SELECT {_COLUMNS} FROM sessions WHERE agent = ? AND session_id = ?",
-                (agent, session_id),
+                (_column(agent), _column(session_id)),
             ).fetchone()
         return None if row is None else self._record(row)
 
@@ -200,16 +206,16 @@ class SessionStore:
         """
         wire = None if prompt is None else json.dumps(prompt.to_wire())
         now = time.time()
-        owner_pid, owner_started = self._owner if live else (None, None)
+        owner = self._owner if live else (None, None)
         upsert = _NEW_CONVERSATION if new_conversation else _SAME_CONVERSATION
+        key = (_column(agent), _column(session_id))
         with self._write() as db:
             db.execute(
                 upsert,
-                (agent, session_id, wire, int(live), parent_id, now, now, owner_pid, owner_started),
+                (*key, wire, int(live), _optional_column(parent_id), now, now, *owner),
             )
             row = db.execute(
-                f"SELECT {_COLUMNS} FROM sessions WHERE agent = ? AND session_id = ?",
-                (agent, session_id),
+                f"SELECT {_COLUMNS} FROM sessions WHERE agent = ? AND session_id = ?", key
             ).fetchone()
         return self._record(row)
 
@@ -220,7 +226,14 @@ class SessionStore:
             db.execute(
                 "UPDATE sessions SET live = ?, owner_pid = ?, owner_started = ?, updated_at = ? "
                 "WHERE agent = ? AND session_id = ?",
-                (int(live), owner_pid, owner_started, time.time(), agent, session_id),
+                (
+                    int(live),
+                    owner_pid,
+                    owner_started,
+                    time.time(),
+                    _column(agent),
+                    _column(session_id),
+                ),
             )
 
     def set_delivered(self, agent: str, session_id: str, fingerprint: str | None) -> None:
@@ -228,14 +241,15 @@ class SessionStore:
             db.execute(
                 "UPDATE sessions SET delivered = ?, updated_at = ? "
                 "WHERE agent = ? AND session_id = ?",
-                (fingerprint, time.time(), agent, session_id),
+                (fingerprint, time.time(), _column(agent), _column(session_id)),
             )
 
     def forget(self, agent: str, session_id: str) -> bool:
         """Delete one session; ``False`` if it was not stored."""
         with self._write() as db:
             cursor = db.execute(
-                "DELETE FROM sessions WHERE agent = ? AND session_id = ?", (agent, session_id)
+                "DELETE FROM sessions WHERE agent = ? AND session_id = ?",
+                (_column(agent), _column(session_id)),
             )
             return cursor.rowcount > 0
 
@@ -245,16 +259,16 @@ class SessionStore:
             if agent is None:
                 cursor = db.execute("DELETE FROM sessions")
             else:
-                cursor = db.execute("DELETE FROM sessions WHERE agent = ?", (agent,))
+                cursor = db.execute("DELETE FROM sessions WHERE agent = ?", (_column(agent),))
             return cursor.rowcount
 
     def list(self, agent: str | None = None) -> builtins.list[SessionRecord]:
         """Stored sessions, most recently updated first."""
         query = f"SELECT {_COLUMNS} FROM sessions"
-        params: tuple[str, ...] = ()
+        params: tuple[str | bytes, ...] = ()
         if agent is not None:
             query += " WHERE agent = ?"
-            params = (agent,)
+            params = (_column(agent),)
         query += " ORDER BY updated_at DESC, rowid DESC"
         with self._read() as db:
             rows = db.execute(query, params).fetchall()
@@ -354,6 +368,7 @@ class SessionStore:
 
     def _record(self, row: tuple[object, ...], *, damaged_ok: bool = False) -> SessionRecord:
         (agent, session_id, wire, live, delivered, parent_id, created_at, updated_at) = row[:8]
+        agent, session_id, parent_id = _text(agent), _text(session_id), _text(parent_id)
         owner_pid, owner_started = row[8:10]
         prompt = None
         damaged = None
@@ -388,6 +403,31 @@ class SessionStore:
             owner_pid=pid,
             damaged=damaged,
         )
+
+
+def _column(text: str) -> str | bytes:
+    """How ``text`` is stored and looked up: itself, or, when it has no UTF-8 form (a lone
+    surrogate), a BLOB of its ``surrogatepass`` bytes (see the module docstring)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+    return text
+
+
+def _optional_column(text: str | None) -> str | bytes | None:
+    return None if text is None else _column(text)
+
+
+def _text(value: object) -> object:
+    """A stored value as it was saved: a BLOB written by :func:`_column` is text again
+    (a BLOB that is not ``surrogatepass`` UTF-8 stays bytes, and the row reads damaged)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return value
+    return value
 
 
 def _timestamp(value: object, default: float | None = None) -> float:
