@@ -1,6 +1,6 @@
 """acp-bridge beside its peer, the TypeScript ACP conductor, measured in one run.
 
-    python bench/peer_bench.py [--rounds 5] [--quick] [--only FIGURE ...]
+    python bench/peer_bench.py [--rounds 5] [--quick] [--only FIGURE ...] [--pool]
 
 Four ways for a client to reach the same agent, each measured in the same run, interleaved
 (every figure takes one fresh process per path per round; the order of the paths turns
@@ -24,6 +24,10 @@ CPU" rows are the CPU time the relay process (all its threads, ended ones includ
 per unit of work after one request was answered, from the process's CPU-time clock: on a
 machine shared with other work they vary far less than the wall-clock rows, which count
 time spent waiting for a core.
+
+``--pool`` also runs ``bench/pool_bench.py`` with the same number of rounds, spares on and
+off: what ``session/new`` with a new prompt costs for the agents that take their prompt per
+process (the conductor has no such figure).
 """
 
 from __future__ import annotations
@@ -472,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         choices=["start", "auto", "rtt", "notes_c2a", "notes_a2c", "mib1", "mib16",
                                  "slow", "claude"])  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="time each measurement")
+    parser.add_argument("--pool", action="store_true", help="also run bench/pool_bench.py")
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 5
@@ -497,6 +502,10 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"load average (1/5/15 min) before {fmt_load(load_before)}, "
           f"after {fmt_load(load_after)}; {time.perf_counter() - started:.0f} s")  # fmt: skip
     report(results, args.rounds)
+    if args.pool:
+        import pool_bench  # imports this module: only once it is loaded
+
+        pool_bench.main(["--rounds", str(args.rounds), "--both"])
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:
