@@ -523,7 +523,7 @@ def test_the_exchange_loads_no_heavy_module_before_the_answer(adapter: str) -> N
     main thread before the answer is written (the loader thread imports them meanwhile)."""
     probe = (
         "import os, sys, subprocess\n"
-        "from acp_bridge import early_initialize\n"
+        "from acp_bridge.runtime import early_initialize\n"
         "heavy = ('trio', 'pydantic', 'click', 'yaml')\n"
         "before = [m for m in heavy if m in sys.modules]\n"
         "agent = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE,"
@@ -580,7 +580,7 @@ def test_the_automatic_choice_imports_only_the_chosen_adapter_before_the_answer(
     agent = ANSWERS_AS.replace("RESULT", repr(result))
     probe = (
         "import os, sys, subprocess\n"
-        "from acp_bridge import early_initialize\n"
+        "from acp_bridge.runtime import early_initialize\n"
         "heavy = ('trio', 'pydantic', 'click', 'yaml')\n"
         "agent = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE,"
         " stdout=subprocess.PIPE)\n"
