@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 # Re-exported: adapters name Delivery through the adapter interface.
 from acp_bridge.core.capabilities import Delivery as Delivery  # noqa: PLC0414
 from acp_bridge.core.exits import describe_exit
-from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
 
 if TYPE_CHECKING:
     # Only named here: the bridge answers ``initialize`` before the validation models
@@ -132,10 +132,7 @@ class Reply:
 
     @classmethod
     def failure(cls, code: int, message: str, data: Any = None) -> Reply:
-        error: JsonObject = {"code": code, "message": message}
-        if data is not None:
-            error["data"] = data
-        return cls(error=error)
+        return cls(error=error_object(code, message, data))
 
     @classmethod
     def internal(cls, message: str, data: Any = None) -> Reply:

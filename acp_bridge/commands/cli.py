@@ -376,7 +376,7 @@ async def refuse_without_store(
     requests (its ``initialize`` included, unless the early exchange answered it already)
     get an error naming the database and the cause; then exit non-zero."""
     from acp_bridge.runtime.refusal import refuse_requests
-    from acp_bridge.wire.jsonrpc import INTERNAL_ERROR
+    from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, error_object
 
     log.error("%s", failure)
     if started is not None:
@@ -387,11 +387,11 @@ async def refuse_without_store(
         unanswered = exchange.client_rest
         if not exchange.answered:
             unanswered = exchange.client_first + unanswered
-    error = {
-        "code": INTERNAL_ERROR,
-        "message": f"The bridge cannot use its session database: {failure}",
-        "data": {"database": runtime.state},
-    }
+    error = error_object(
+        INTERNAL_ERROR,
+        f"The bridge cannot use its session database: {failure}",
+        {"database": runtime.state},
+    )
     await refuse_requests(
         client_in,
         client_out,

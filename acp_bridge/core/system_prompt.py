@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject, error_object
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class PromptRejected(Exception):
     code: int = INVALID_PARAMS
 
     def error(self) -> JsonObject:
-        return {"code": self.code, "message": self.message, "data": {"field": self.field}}
+        return error_object(self.code, self.message, {"field": self.field})
 
 
 def parse_system_prompt(

@@ -66,7 +66,6 @@ def _answers(items: list[Item], error: JsonObject) -> tuple[list[bytes], bool]:
         except FrameError:
             continue
         if frame.kind is jsonrpc.Kind.REQUEST:
-            answer = {"jsonrpc": "2.0", "id": frame.id, "error": error}
-            answers.append(jsonrpc.encode(answer) + b"\n")
+            answers.append(jsonrpc.encode(jsonrpc.error_answer(frame.id, error)) + b"\n")
             initialize = initialize or frame.method == "initialize"
     return answers, initialize

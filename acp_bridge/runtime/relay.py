@@ -1179,7 +1179,7 @@ class Bridge:
         if reply.frame_bytes is not None:
             return reply.frame_bytes
         if reply.error is not None:
-            return jsonrpc.encode({"jsonrpc": "2.0", "id": frame.id, "error": reply.error})
+            return jsonrpc.encode(jsonrpc.error_answer(frame.id, reply.error))
         return jsonrpc.encode(jsonrpc.result_response(frame.id, reply.result))
 
     def _route_link(self, frame: Frame) -> AgentConnection:

@@ -36,7 +36,7 @@ from acp_bridge.supervision.agent_watchdog import (
     outside_group,
     signal_processes,
 )
-from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject
+from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
 
 log = logging.getLogger("acp_bridge.agent")
 
@@ -60,11 +60,9 @@ class AgentStartError(Exception):
 
     def error_object(self) -> JsonObject:
         """The JSON-RPC error a client gets for its ``initialize`` when the agent cannot start."""
-        return {
-            "code": INTERNAL_ERROR,
-            "message": str(self),
-            "data": {"command": self.command, "cause": self.cause},
-        }
+        return error_object(
+            INTERNAL_ERROR, str(self), {"command": self.command, "cause": self.cause}
+        )
 
 
 def _describe_start_failure(exc: BaseException, command: str, cwd: str | None) -> str:

@@ -351,7 +351,13 @@ def error_object(code: int, message: str, data: Any = None) -> JsonObject:
 
 
 def error_response(request_id: RequestId, code: int, message: str, data: Any = None) -> JsonObject:
-    return {"jsonrpc": "2.0", "id": request_id, "error": error_object(code, message, data)}
+    return error_answer(request_id, error_object(code, message, data))
+
+
+def error_answer(request_id: RequestId, error: JsonObject) -> JsonObject:
+    """The answer to request ``request_id`` carrying an error object made before (an
+    adapter's :class:`Reply`, an agent's own error)."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 def result_response(request_id: RequestId, result: Any) -> JsonObject:
