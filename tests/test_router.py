@@ -5,18 +5,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from acp_bridge.core.router import CLIENT, Abandoned, Answered, Intercept, Router
+from acp_bridge.core.router import CLIENT, INITIALIZE, Abandoned, Answered, Intercept, Route, Router
 from acp_bridge.wire import jsonrpc
 
 
 class Wire:
-    """A router with a sink that records what each peer would receive."""
+    """A router, and what each peer would receive from it."""
 
-    def __init__(self, hops: int = 1) -> None:
-        self.sent: list[tuple[int, bytes]] = []
-        self.router = Router(lambda peer, raw: self.sent.append((peer, raw)))
+    def __init__(
+        self,
+        hops: int = 1,
+        *,
+        intercepted: frozenset[str] = frozenset({INITIALIZE}),
+        route: Route | None = None,
+    ) -> None:
+        self._sent: list[tuple[int, bytes]] = []
+        self.router = Router(intercepted=intercepted, route=route)
         for _ in range(hops - 1):
             self.router.add_hop()
+
+    @property
+    def sent(self) -> list[tuple[int, bytes]]:
+        """What the router has had to send so far, as (peer, bytes)."""
+        self._sent.extend((send.peer, send.raw) for send in self.router.data_to_send())
+        return self._sent
+
+    @sent.setter
+    def sent(self, value: list[tuple[int, bytes]]) -> None:
+        self._sent = value
 
     def client(self, message: Any) -> list[Any]:
         return self.router.receive_from_client(frame(message))
@@ -82,8 +98,7 @@ def test_client_id_in_flight_on_the_hop_is_translated_and_restored() -> None:
 
 
 def test_cancel_without_request_id_passes_as_it_came() -> None:
-    wire = Wire(hops=2)
-    wire.router.route = lambda method, params: 1 if method == "x/other" else None
+    wire = Wire(hops=2, route=lambda method, params: 1 if method == "x/other" else None)
     wire.client(request(None, "x/other"))
     assert wire.take(1) == [request(None, "x/other")]
     line = b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{}}'
@@ -113,8 +128,7 @@ def test_agent_cancel_of_its_translated_request_is_translated_for_the_client() -
 
 
 def test_intercepted_request_answered_inside_an_agent_batch_wakes_its_waiter() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (start,) = wire.client(request(1, "session/new", cwd="/"))
     assert isinstance(start, Intercept)
     waiter, _ = wire.router.forward(start.token, 0)
@@ -127,8 +141,7 @@ def test_intercepted_request_answered_inside_an_agent_batch_wakes_its_waiter() -
 
 
 def test_client_batch_reusing_an_intercepted_id_in_flight_does_not_steal_its_answer() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (start,) = wire.client(request(7, "session/new", cwd="/"))
     waiter, _ = wire.router.forward(start.token, 0)
     wire.take(0)
@@ -142,16 +155,14 @@ def test_client_batch_reusing_an_intercepted_id_in_flight_does_not_steal_its_ans
 
 
 def test_client_batch_members_go_to_the_hop_their_session_lives_in() -> None:
-    wire = Wire(hops=2)
-    wire.router.route = lambda method, params: 1 if params.get("sessionId") == "b" else None
+    wire = Wire(hops=2, route=lambda method, params: 1 if params.get("sessionId") == "b" else None)
     wire.client([request(1, "x/y", sessionId="a"), request(2, "x/y", sessionId="b")])
     assert wire.take(0) == [[request(1, "x/y", sessionId="a")]]
     assert wire.take(1) == [[request(2, "x/y", sessionId="b")]]
 
 
 def test_batch_holding_an_intercepted_method_is_refused_whole() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     wire.client([request(1, "session/new", cwd="/"), request(2, "x/y")])
     (errors,) = wire.take(CLIENT)
     assert [e["id"] for e in errors] == [1, 2]
@@ -173,8 +184,7 @@ def test_batch_member_whose_method_is_not_a_string_is_answered_with_its_id() -> 
     # intercepted (the check for intercepted methods once hashed the value and crashed).
     for intercepted in (frozenset({"initialize"}), LIFECYCLE):
         for odd in (["x"], {}, {"a": [1]}, 1, None, True):
-            wire = Wire()
-            wire.router.intercepted = intercepted
+            wire = Wire(intercepted=intercepted)
             wire.client([{"jsonrpc": "2.0", "id": 1, "method": odd}, request(2, "x/y")])
             assert wire.take(0) == [[request(2, "x/y")]]
             (error,) = wire.take(CLIENT)
@@ -197,7 +207,7 @@ def test_initialize_holds_every_client_frame_until_it_is_answered() -> None:
     wire.client(request(1, "session/new", cwd="/"))
     wire.client(request(2, "x/y"))
     assert wire.take(0) == []
-    wire.router.intercepted = LIFECYCLE
+    wire.router.configure(intercepted=LIFECYCLE, route=None)
     events = wire.router.answer(start.token, jsonrpc.encode(result(0)))
     # session/new is now intercepted (the adapter is known); x/y follows at once.
     assert [type(e) for e in events] == [Intercept]
@@ -205,8 +215,7 @@ def test_initialize_holds_every_client_frame_until_it_is_answered() -> None:
 
 
 def test_only_frames_naming_the_held_session_wait_for_a_lifecycle_request() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (start,) = wire.client(request(1, "session/load", sessionId="s", cwd="/"))
     wire.client(notification("session/cancel", sessionId="s"))
     wire.client(request(2, "session/set_mode", sessionId="s", modeId="m"))
@@ -222,8 +231,7 @@ def test_only_frames_naming_the_held_session_wait_for_a_lifecycle_request() -> N
 
 
 def test_an_intercepted_prompt_holds_its_session_only_until_forwarded() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (start,) = wire.client(request(1, "session/prompt", sessionId="s", prompt=[]))
     wire.client(notification("$/cancel_request", requestId=1))
     wire.client(request(2, "session/set_mode", sessionId="s", modeId="m"))
@@ -233,8 +241,7 @@ def test_an_intercepted_prompt_holds_its_session_only_until_forwarded() -> None:
 
 
 def test_frames_that_wait_keep_their_order_and_a_second_interception_queues() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (first,) = wire.client(request(1, "session/load", sessionId="s", cwd="/"))
     wire.router.forward(first.token, 0)
     wire.take(0)
@@ -249,8 +256,7 @@ def test_frames_that_wait_keep_their_order_and_a_second_interception_queues() ->
 
 
 def test_a_hop_that_exits_fails_its_client_requests_and_abandons_its_waiters() -> None:
-    wire = Wire(hops=2)
-    wire.router.route = lambda method, params: 1
+    wire = Wire(hops=2, route=lambda method, params: 1)
     wire.client(request("c", "x/y"))
     waiter = wire.router.request(1, "_bridge/own", {})
     assert waiter is not None
@@ -263,8 +269,7 @@ def test_a_hop_that_exits_fails_its_client_requests_and_abandons_its_waiters() -
 
 
 def test_agent_frames_about_a_session_wait_until_its_intercepted_answer_is_sent() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     (start,) = wire.client(request(1, "session/new", cwd="/"))
     waiter, _ = wire.router.forward(start.token, 0)
     wire.take(0)
@@ -308,8 +313,7 @@ def test_an_agent_answering_a_request_twice_reaches_the_client_once(caplog: Any)
 
 
 def test_a_refused_batch_answers_every_member_that_names_an_id() -> None:
-    wire = Wire()
-    wire.router.intercepted = LIFECYCLE
+    wire = Wire(intercepted=LIFECYCLE)
     wire.client(
         [
             request(1, "session/new", cwd="/"),

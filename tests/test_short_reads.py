@@ -191,9 +191,33 @@ CANCEL = b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":1}
 REQUEST = b'{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s"}}'
 
 
-def recording_router() -> tuple[Router, list[tuple[int, bytes]]]:
-    written: list[tuple[int, bytes]] = []
-    return Router(lambda peer, raw: written.append((peer, raw))), written
+class Written:
+    """What a router has had its peers sent so far, as (peer, bytes), taken from it
+    (:meth:`Router.data_to_send`) whenever it is looked at."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.items: list[tuple[int, bytes]] = []
+
+    def taken(self) -> list[tuple[int, bytes]]:
+        self.items.extend((send.peer, send.raw) for send in self.router.data_to_send())
+        return self.items
+
+    def __eq__(self, other: object) -> bool:
+        return self.taken() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getitem__(self, index: int) -> tuple[int, bytes]:
+        return self.taken()[index]
+
+    def clear(self) -> None:
+        self.taken().clear()
+
+
+def recording_router() -> tuple[Router, Written]:
+    router = Router()
+    return router, Written(router)
 
 
 def test_a_run_goes_to_its_peer_as_one_piece_of_the_bytes_as_they_came() -> None:

@@ -10,14 +10,19 @@ connections ("hops"; hop 0 is the primary agent process). It owns
 * the order of client frames while interceptions are in progress
   (:mod:`acp_bridge.core.ordering`).
 
-It does no I/O. Bytes for a peer go to the ``sink`` callable it is given, in the order the
-peer must receive them; a frame the router does not change is passed as the very bytes it
-arrived as. What the runtime must do besides writing is returned as events: start an
-interception (:class:`Intercept`), hand an answer to a waiter (:class:`Answered`), or tell a
-waiter its request is lost with the agent process (:class:`Abandoned`).
+It does no I/O and calls nothing it is not made with. Like h11's connection it owns its
+output: the bytes each peer must get queue in the router, in the order the peer must
+receive them, until the runtime takes them (:meth:`Router.data_to_send`, a list of
+:class:`Send`); a frame the router does not change is passed as the very bytes it arrived
+as. What the runtime must do besides writing is returned by the call that caused it, as
+events: start an interception (:class:`Intercept`), hand an answer to a waiter
+(:class:`Answered`), or tell a waiter its request is lost with the agent process
+(:class:`Abandoned`).
 
-Which agent process a non-intercepted frame goes to is the adapter's decision, asked
-through ``route`` only while more than one process runs.
+Its configuration comes in through :meth:`Router.configure` once the client's
+``initialize`` is answered: which client methods are intercepted, and which agent process
+a non-intercepted frame goes to while more than one runs (the adapter's placement of
+sessions, ``route``).
 """
 
 from __future__ import annotations
@@ -48,9 +53,8 @@ log = logging.getLogger("acp_bridge.router")
 CLIENT: Final = -1
 PRIMARY: Final = 0
 
-# Bytes for a peer: one frame, or several joined by newlines (a run of notifications
-# passed as it came), without the final newline.
-Sink: TypeAlias = Callable[[int, bytes], None]
+# Which agent process a client message (method, params) goes to while several run; None:
+# the primary.
 Route: TypeAlias = Callable[[str, Any], "int | None"]
 
 INITIALIZE: Final = "initialize"
@@ -61,6 +65,15 @@ SESSION_PROMPT: Final = "session/prompt"
 AGENT_ANSWER_REFUSED: Final = (
     "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``raw`` to ``peer`` (:data:`CLIENT` or an agent hop), then a newline: one frame,
+    or several joined by newlines (a run of notifications passed as it came)."""
+
+    peer: int
+    raw: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +159,16 @@ def _is_message(envelope: Envelope) -> bool:
 class Router:
     """Routes the frames of one client connection to and from its agent processes."""
 
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
+    def __init__(
+        self, *, intercepted: frozenset[str] = frozenset({INITIALIZE}), route: Route | None = None
+    ) -> None:
+        self._outgoing: list[Send] = []
         self.hops: dict[int, Hop] = {PRIMARY: Hop()}
-        self.intercepted: frozenset[str] = frozenset({INITIALIZE})
+        self.intercepted = intercepted
         """Client methods handed to the runtime (:class:`Intercept`) instead of relayed."""
-        self.route: Route | None = None
+        self.route = route
         self.authenticate_params: Any = None
+        """The params of the client's last ``authenticate``, for a process started later."""
         self.gate = Gate()
         self._interceptions: dict[int, Interception] = {}
         self._tokens = itertools.count(1)
@@ -168,6 +184,20 @@ class Router:
         # answer (spec §2, order); after initialize, everything it sends waits.
         self._answer_pending: dict[int, tuple[int, frozenset[str] | None]] = {}
         self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
+
+    def configure(self, *, intercepted: frozenset[str], route: Route | None) -> None:
+        """The client's ``initialize`` is answered: the client methods intercepted from now
+        on, and where a client message goes while several agent processes run."""
+        self.intercepted = intercepted
+        self.route = route
+
+    def data_to_send(self) -> list[Send]:
+        """What the peers must be sent since the last call, in order; the caller writes it."""
+        outgoing, self._outgoing = self._outgoing, []
+        return outgoing
+
+    def _send(self, peer: int, raw: bytes) -> None:
+        self._outgoing.append(Send(peer, raw))
 
     # ------------------------------------------------------------------ hops
 
@@ -223,7 +253,7 @@ class Router:
             and len(self.hops) == 1
             and frame.message["method"] != CANCEL_REQUEST
         ):
-            self.sink(PRIMARY, frame.raw)
+            self._send(PRIMARY, frame.raw)
             return NO_EVENTS
         events: list[Event] = []
         self._dispatch_client(frame, events)
@@ -245,7 +275,7 @@ class Router:
             return start, None
         end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
-            self.sink(PRIMARY, b"\n".join(lines[start:end]))
+            self._send(PRIMARY, b"\n".join(lines[start:end]))
         return end, frame
 
     def _dispatch_client(self, frame: Frame, events: list[Event]) -> None:
@@ -268,7 +298,7 @@ class Router:
     def _send_member(self, routed: tuple[int, Any, bool] | None, raw: bytes) -> None:
         if routed is not None:
             hop, message, changed = routed
-            self.sink(hop, jsonrpc.encode(message) if changed else raw)
+            self._send(hop, jsonrpc.encode(message) if changed else raw)
 
     def hop_for(self, message: JsonObject) -> int:
         """The hop a client message goes to: the adapter's choice while several processes
@@ -355,7 +385,7 @@ class Router:
                     reason = "The batch holds session requests, which must not be batched."
                 errors.append(jsonrpc.error_response(member["id"], jsonrpc.INVALID_REQUEST, reason))
             if errors:
-                self.sink(CLIENT, jsonrpc.encode(errors))
+                self._send(CLIENT, jsonrpc.encode(errors))
             return
         groups: dict[int, list[Any]] = {}
         changed = False
@@ -386,15 +416,15 @@ class Router:
             groups.setdefault(hop, []).append(message)
         if not changed and len(groups) == 1:
             (hop,) = groups
-            self.sink(hop, frame.raw)
+            self._send(hop, frame.raw)
             return
         for hop, group in groups.items():
-            self.sink(hop, jsonrpc.encode(group))
+            self._send(hop, jsonrpc.encode(group))
 
     def _answer_error(
         self, request_id: RequestId, code: int, message: str, data: Any = None
     ) -> None:
-        self.sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
+        self._send(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
 
     # ---------------------------------------------------------------- long lines
 
@@ -567,9 +597,9 @@ class Router:
         interception.forwarded_as = (hop, wire_id)
         self._client_inflight[frame.id] = (hop, wire_id)
         if message is None and wire_id == frame.id:
-            self.sink(hop, frame.raw)
+            self._send(hop, frame.raw)
         else:
-            self.sink(hop, jsonrpc.encode({**(message or frame.message), "id": wire_id}))
+            self._send(hop, jsonrpc.encode({**(message or frame.message), "id": wire_id}))
         self.gate.forwarded(token)
         return waiter, self._release()
 
@@ -582,13 +612,13 @@ class Router:
             and self._client_inflight.get(client_id) == interception.forwarded_as
         ):
             del self._client_inflight[client_id]
-        self.sink(CLIENT, raw)
+        self._send(CLIENT, raw)
         pending = self._answer_pending.pop(token, None)
         if pending is not None and all(
             hop != pending[0] for hop, _ in self._answer_pending.values()
         ):
             for held in self._held.pop(pending[0], []):
-                self.sink(CLIENT, held)
+                self._send(CLIENT, held)
         self.gate.answered(token)
         return self._release()
 
@@ -613,7 +643,7 @@ class Router:
         if held is not None and self._must_wait(hop, message):
             held.append(raw)
         else:
-            self.sink(CLIENT, raw)
+            self._send(CLIENT, raw)
 
     def _must_wait(self, hop: int, message: Any) -> bool:
         for pending_hop, sessions in self._answer_pending.values():
@@ -643,12 +673,12 @@ class Router:
             return None
         waiter = next(self._tokens)
         wire_id = state.pending.register(state.pending.fresh_id(), ForWaiter(waiter))
-        self.sink(hop, jsonrpc.encode(jsonrpc.request(wire_id, method, params)))
+        self._send(hop, jsonrpc.encode(jsonrpc.request(wire_id, method, params)))
         return waiter
 
     def notify(self, hop: int, method: str, params: Any) -> None:
         if not self.hops[hop].closed:
-            self.sink(hop, jsonrpc.encode(jsonrpc.notification(method, params)))
+            self._send(hop, jsonrpc.encode(jsonrpc.notification(method, params)))
 
     # ---------------------------------------------------------- from an agent
 
@@ -687,7 +717,7 @@ class Router:
             return start, None  # line by line: some must wait behind an answer
         end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
-            self.sink(CLIENT, b"\n".join(lines[start:end]))
+            self._send(CLIENT, b"\n".join(lines[start:end]))
         return end, frame
 
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:

@@ -40,6 +40,7 @@ from acp_bridge.core import capabilities
 from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.router import (
     CLIENT,
+    NO_EVENTS,
     PRIMARY,
     Abandoned,
     Answered,
@@ -367,6 +368,7 @@ class AgentConnection:
     async def request(self, method: str, params: JsonObject) -> Any:
         """A request of the bridge's own: its result, or AgentError / AgentExited."""
         waiter = self.bridge.router.request(self.hop, method, params)
+        self.bridge.carry_out()
         answer = await self.bridge.wait_for(waiter, self)
         if isinstance(answer, AgentExited):
             raise answer
@@ -376,6 +378,7 @@ class AgentConnection:
 
     async def notify(self, method: str, params: JsonObject) -> None:
         self.bridge.router.notify(self.hop, method, params)
+        self.bridge.carry_out()
         await self.flush()
 
 
@@ -420,7 +423,7 @@ class Call:
         unchanged = self.params == self.original_params
         message = None if unchanged else {**self.frame.message, "params": self.params}
         waiter, events = self.bridge.router.forward(self.token, target.hop, message)
-        self.bridge.handle(events)
+        self.bridge.carry_out(events)
         self.bridge.interception_moved()
         answer = await self.bridge.wait_for(waiter, target)
         if isinstance(answer, AgentExited):
@@ -509,7 +512,7 @@ class Bridge:
         self.lifecycle = lifecycle
         self.registry = registry or AdapterRegistry()
         self.spawner = spawner
-        self.router = Router(self._sink)
+        self.router = Router()
         self.adapter: Adapter | None = None
         self.sessions = SessionTable(
             lifecycle.agent,
@@ -538,7 +541,7 @@ class Bridge:
 
     # ------------------------------------------------------------------ wiring
 
-    def _sink(self, peer: int, raw: bytes) -> None:
+    def _queue(self, peer: int, raw: bytes) -> None:
         if peer == CLIENT:
             if not self.client_gone:
                 if self._tracing:
@@ -550,8 +553,12 @@ class Bridge:
             self.tracer.record(f"bridge->{link.name}", raw, None)
         link.outbox.frames.append(raw)
 
-    def handle(self, events: list[Event]) -> None:
-        """Carry out what the router asks beyond writing."""
+    def carry_out(self, events: list[Event] = NO_EVENTS) -> None:
+        """Carry out what the router asked for: queue the bytes it has for each peer in that
+        peer's outbox (in order, so nothing overtakes), then the ``events`` the call
+        returned. Called after every call into the router."""
+        for send in self.router.data_to_send():
+            self._queue(send.peer, send.raw)
         for event in events:
             if isinstance(event, Intercept):
                 assert self._nursery is not None
@@ -825,14 +832,16 @@ class Bridge:
             route.release()
 
     def _answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
-        self._sink(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
+        self._queue(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
 
     def _open_client_line(self, envelope: Envelope) -> tuple[Outbox, int] | None:
         hop = self.router.stream_from_client(envelope)
         return None if hop is None else (self.links[hop].outbox, hop)
 
     def _record_client_line(self, line: LongLine, envelope: Envelope) -> bool:
-        return self.router.stream_ended_from_client(line.hop, envelope)
+        recorded = self.router.stream_ended_from_client(line.hop, envelope)
+        self.carry_out()
+        return recorded
 
     def _cut_client_line(self, line: LongLine, error: FrameError) -> None:
         log.warning("cut a long line from the client: %s", error.message)
@@ -910,7 +919,10 @@ class Bridge:
             lines = list(filter(None, lines))
         index, count = 0, len(lines)
         while index < count:
+            start = index
             index, frame = pass_notifications(lines, index)
+            if index > start:
+                self.carry_out()
             if index < count:
                 if frame is None:
                     receive_line(lines[index])
@@ -920,9 +932,7 @@ class Bridge:
         return []
 
     def _client_frame(self, frame: Frame) -> None:
-        events = self.router.receive_from_client(frame)
-        if events:
-            self.handle(events)
+        self.carry_out(self.router.receive_from_client(frame))
 
     async def _settle(self) -> None:
         """Before the agent's input is closed, let what the client sent reach it.
@@ -955,8 +965,9 @@ class Bridge:
         envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
         if envelope is not None:
             hop = self.router.pass_whole_from_client(envelope)
+            self.carry_out()
             if hop is not None:
-                self._sink(hop, raw)
+                self._queue(hop, raw)
                 return
         try:
             frame = jsonrpc.parse(raw)
@@ -967,9 +978,7 @@ class Bridge:
             return
         if self._tracing:
             self.tracer.record("client->bridge", raw, frame.message)
-        events = self.router.receive_from_client(frame)
-        if events:
-            self.handle(events)
+        self.carry_out(self.router.receive_from_client(frame))
 
     def _unparsed_from_client(self, raw: bytes, error: FrameError, *, tried_whole: bool) -> None:
         """A client line json's decoder did not read. Judged again without building it:
@@ -981,8 +990,9 @@ class Bridge:
             error = fault
         elif isinstance(error, jsonrpc.NestedTooDeeply):
             hop = None if tried_whole else self.router.pass_whole_from_client(envelope)
+            self.carry_out()
             if hop is not None:
-                self._sink(hop, raw)
+                self._queue(hop, raw)
                 return
             error = FrameError(error.code, error.message, envelope.request_id())
         self._answer_client_error(error.request_id, error.code, error.message)
@@ -1058,6 +1068,7 @@ class Bridge:
                 elif isinstance(item, OverlongLine):
                     if (cut := await route.abandon()) is not None:
                         self.router.agent_line_refused(link.hop, cut.validator.envelope)
+                        self.carry_out()
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
@@ -1078,23 +1089,26 @@ class Bridge:
     def _record_agent_line(
         self, link: AgentConnection, _line: LongLine, envelope: Envelope
     ) -> bool:
-        return self.router.stream_ended_from_agent(link.hop, envelope)
+        recorded = self.router.stream_ended_from_agent(link.hop, envelope)
+        self.carry_out()
+        return recorded
 
     def _cut_agent_line(self, link: AgentConnection, line: LongLine, error: FrameError) -> None:
         log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, error.message)
         self.router.agent_line_refused(link.hop, line.validator.envelope)
+        self.carry_out()
 
     def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
-        events = self.router.receive_from_agent(link.hop, frame)
-        if events:
-            self.handle(events)
+        self.carry_out(self.router.receive_from_agent(link.hop, frame))
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
         if not raw or raw.isspace():
             return
         envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
-        if envelope is not None and self.router.pass_whole_from_agent(link.hop, envelope):
-            self._sink(CLIENT, raw)
+        passed = envelope is not None and self.router.pass_whole_from_agent(link.hop, envelope)
+        self.carry_out()
+        if passed:
+            self._queue(CLIENT, raw)
             return
         try:
             frame = jsonrpc.parse(raw)
@@ -1103,9 +1117,7 @@ class Bridge:
             return
         if self._tracing:
             self.tracer.record(f"{link.name}->bridge", raw, frame.message)
-        events = self.router.receive_from_agent(link.hop, frame)
-        if events:
-            self.handle(events)
+        self.carry_out(self.router.receive_from_agent(link.hop, frame))
 
     def _unparsed_from_agent(
         self, link: AgentConnection, raw: bytes, error: FrameError, *, tried_whole: bool
@@ -1115,18 +1127,22 @@ class Bridge:
         line, and the client is told if it was the answer to its request."""
         envelope, fault = json_stream.judge(raw)
         if fault is None and isinstance(error, jsonrpc.NestedTooDeeply):
-            if not tried_whole and self.router.pass_whole_from_agent(link.hop, envelope):
+            passed = not tried_whole and self.router.pass_whole_from_agent(link.hop, envelope)
+            self.carry_out()
+            if passed:
                 if self._tracing:
                     self.tracer.record(f"{link.name}->bridge", raw, None)
-                self._sink(CLIENT, raw)
+                self._queue(CLIENT, raw)
                 return
             log.warning("%s: dropped a line: %s", link.name, error.message)
             self.router.agent_line_refused(link.hop, envelope, error.message)
+            self.carry_out()
             return
         preview = raw[:200].decode(errors="replace")
         reason = (fault or error).message
         log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, reason, preview)
         self.router.agent_line_refused(link.hop, envelope)
+        self.carry_out()
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):
@@ -1146,7 +1162,7 @@ class Bridge:
             describe_exit(link.exit_status),
         )
         link.closed = True
-        self.handle(self.router.hop_closed(link.hop, link.exit_status))
+        self.carry_out(self.router.hop_closed(link.hop, link.exit_status))
         await self.flush_client()
         link.done.set()
         if link.hop == PRIMARY:
@@ -1170,7 +1186,7 @@ class Bridge:
         except Exception as exc:
             log.exception("handling %s failed", frame.method)
             reply = Reply.internal(f"The bridge failed to handle {frame.method}.", str(exc))
-        self.handle(self.router.answer(token, self._encode_reply(frame, reply)))
+        self.carry_out(self.router.answer(token, self._encode_reply(frame, reply)))
         self.interception_moved()
         await self.flush_all()
 
@@ -1223,12 +1239,14 @@ class Bridge:
         delivery, advertised = capabilities.initialize_answer(
             self.adapter, result, allow_override=self.options.allow_override
         )
-        self.router.intercepted = self.sessions.initialized(
-            result, delivery, intercepts_prompt=self.adapter.intercepts_prompt
+        self.router.configure(
+            intercepted=self.sessions.initialized(
+                result, delivery, intercepts_prompt=self.adapter.intercepts_prompt
+            ),
+            route=self._route_hop,
         )
         self.lifecycle.agent = self.sessions.agent
         log.info("adapter %s; delivery %s", self.adapter.name, delivery)
-        self.router.route = self._route_hop
         if advertised is None:
             return reply
         return reply.with_result(advertised)
