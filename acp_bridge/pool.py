@@ -456,7 +456,12 @@ class PoolAdapter(Adapter):
             self._changed.set()
 
     async def _start_spare(self, mode: str) -> None:
-        private = self._private_dir()
+        try:
+            private = self._private_dir()
+        except OSError as exc:
+            # Only a spare is lost: the task runs in the relay's nursery, which must go on.
+            self.log.info("no spare %s process: %s", self.agent_label, exc)
+            return
         try:
             config = self.spare_config(mode, private)
             link = await self.context.spawn_agent(

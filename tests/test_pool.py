@@ -711,3 +711,21 @@ async def test_shutdown_while_a_spare_starts_leaves_no_process_or_folder(
     await trio.sleep(10)
     assert all(p.closed for p in pool.context.processes[1:])
     assert list(private_dirs.iterdir()) == []
+
+
+async def test_a_spare_whose_folder_cannot_be_made_is_left_out_and_the_bridge_goes_on(
+    private_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_pool(SparePool, spare=True) as pool:
+        await pool.new(append("one"))
+
+        def full(*args: Any, **kwargs: Any) -> PrivateDir:
+            raise OSError(28, "No space left on device")
+
+        # Before the spare's background start runs: its folder cannot be made.
+        with monkeypatch.context() as patch:
+            patch.setattr(PrivateDir, "create", full)
+            await trio.testing.wait_all_tasks_blocked()
+        assert len(pool.context.processes) == 2
+        second = await pool.new(append("two"))
+        assert pool.holder(second) is pool.context.processes[2]
