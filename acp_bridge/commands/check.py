@@ -19,8 +19,9 @@ import trio
 from acp_bridge import __version__
 from acp_bridge.core import capabilities
 from acp_bridge.registry import AdapterRegistry
+from acp_bridge.runtime.agents import AgentHandle
 from acp_bridge.runtime.embedded import open_embedded_bridge
-from acp_bridge.runtime.relay import AgentHandle, BridgeOptions
+from acp_bridge.runtime.relay import BridgeOptions
 from acp_bridge.state.store import SessionStore
 from acp_bridge.supervision.agent_process import AgentProcess
 from acp_bridge.wire.jsonrpc import JsonObject

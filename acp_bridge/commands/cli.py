@@ -28,8 +28,9 @@ from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError, 
 
 if TYPE_CHECKING:
     from acp_bridge.registry import AdapterRegistry
+    from acp_bridge.runtime.agents import AgentHandle
     from acp_bridge.runtime.handover import Replay
-    from acp_bridge.runtime.relay import AgentHandle, BridgeOptions
+    from acp_bridge.runtime.relay import BridgeOptions
     from acp_bridge.runtime.trace import Tracer
     from acp_bridge.settings import Config
     from acp_bridge.state.store import SessionStore, StoreError
@@ -192,7 +193,7 @@ class Runtime:
     ) -> AgentHandle:
         """Start an agent process; a failure names the preset's install hint, so the log
         and the client's initialize error say how to get the agent."""
-        from acp_bridge.runtime.relay import spawn_process
+        from acp_bridge.runtime.agents import spawn_process
 
         try:
             return await spawn_process(argv, env, private_files)

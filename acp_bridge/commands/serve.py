@@ -30,7 +30,8 @@ from typing import Any, Final
 import trio
 
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.runtime.relay import Bridge, BridgeOptions, Spawner, spawn_process
+from acp_bridge.runtime.agents import Spawner, spawn_process
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 from acp_bridge.wire import jsonrpc

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import trio
 
 from acp_bridge.registry import AdapterRegistry
+from acp_bridge.runtime.agents import Spawner, spawn_process
 from acp_bridge.runtime.client import AcpClient, connect
-from acp_bridge.runtime.relay import Bridge, BridgeOptions, Spawner, spawn_process
+from acp_bridge.runtime.relay import Bridge, BridgeOptions
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 

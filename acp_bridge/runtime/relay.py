@@ -10,8 +10,8 @@ Writes are batched: a pump queues every frame one read produced and writes them 
 flush before it reads again (so a slow peer still holds the pump back); everything else the
 bridge writes to a peer goes through the same outbox, so nothing overtakes.
 
-Agent processes are started through a *spawner* (by default :meth:`AgentProcess.start`),
-so tests can run coroutine agents over in-memory streams.
+Starting, replaying to and stopping agent processes, and what an adapter is lent, are
+:mod:`acp_bridge.runtime.agents`' job; this module pumps what they write.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import trio
 
@@ -56,11 +55,18 @@ from acp_bridge.core.system_prompt import (
 )
 from acp_bridge.registry import AUTO, AdapterRegistry
 from acp_bridge.runtime import hangup
+
+# AgentHandle, Spawner and spawn_process are re-exported: tests and embedders name them
+# through the relay.
+from acp_bridge.runtime.agents import AgentHandle as AgentHandle  # noqa: PLC0414
+from acp_bridge.runtime.agents import Agents, LentContext
+from acp_bridge.runtime.agents import Spawner as Spawner  # noqa: PLC0414
+from acp_bridge.runtime.agents import spawn_process as spawn_process  # noqa: PLC0414
 from acp_bridge.runtime.refusal import refuse_requests
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import StoreError
-from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
+from acp_bridge.supervision.agent_process import AgentStartError
 from acp_bridge.wire import json_stream, jsonrpc
 from acp_bridge.wire.framing import (
     DEFAULT_LINE_LIMIT,
@@ -116,43 +122,6 @@ class BridgeOptions:
     shutdown_grace: float = 2.0
     # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.
     adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-
-class AgentHandle(Protocol):
-    """A started agent process as the runtime uses it (see :class:`AgentProcess`)."""
-
-    terminated_by_bridge: bool
-
-    @property
-    def stdin(self) -> trio.abc.SendStream: ...
-
-    @property
-    def stdout(self) -> trio.abc.ReceiveStream: ...
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-
-    async def stop(self, grace: float) -> int: ...
-
-
-class Spawner(Protocol):
-    """Starts an agent process. ``private_files`` (files or folders holding prompt text)
-    are removed should the bridge die without stopping the process."""
-
-    async def __call__(
-        self, argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
-    ) -> AgentHandle: ...
-
-
-async def spawn_process(
-    argv: Sequence[str], env: Mapping[str, str], private_files: Sequence[str] = ()
-) -> AgentHandle:
-    return await AgentProcess.start(argv, extra_env=env, private_files=private_files)
 
 
 class Outbox:
@@ -436,44 +405,6 @@ class Call:
         self.delivered_now = fingerprint
 
 
-class LentContext:
-    """What the runtime lends an adapter (implements ``AdapterContext``), and nothing else
-    of the bridge: through it an adapter cannot reach the router, the store or the pumps."""
-
-    __slots__ = ("_bridge", "log")
-
-    def __init__(self, bridge: Bridge) -> None:
-        self._bridge = bridge
-        self.log = bridge.log
-
-    @property
-    def primary(self) -> AgentConnection:
-        return self._bridge.primary
-
-    def live_sessions(self) -> set[str]:
-        return set(self._bridge.sessions.live)
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return {**os.environ, **self._bridge.options.agent_env}
-
-    async def spawn_agent(
-        self,
-        extra_args: Sequence[str] = (),
-        extra_env: dict[str, str] | None = None,
-        private_files: Sequence[str] = (),
-    ) -> AgentConnection:
-        return await self._bridge.spawn_agent(extra_args, extra_env, private_files)
-
-    async def stop_agent(self, link: AgentLink) -> None:
-        await self._bridge.stop_agent(link)
-
-    def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        self._bridge.start_soon(async_fn, *args)
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        return self._bridge.options.adapter_options.get(adapter, {})
-
-
 def _request_id(line: LongLine) -> jsonrpc.RequestId:
     """The id to answer a cut line with: its own if it is a request that named one."""
     return line.validator.envelope.request_id()
@@ -511,7 +442,6 @@ class Bridge:
         self.client_gone = False
         self.lifecycle = lifecycle
         self.registry = registry or AdapterRegistry()
-        self.spawner = spawner
         self.router = Router()
         self.adapter: Adapter | None = None
         self.sessions = SessionTable(
@@ -519,16 +449,22 @@ class Bridge:
             on_omitted=options.on_omitted,
             max_prompt_bytes=options.max_prompt_bytes,
         )
-        self.links: dict[int, AgentConnection] = {}
+        self.agents: Agents[AgentConnection] = Agents(
+            options.agent_argv,
+            options.agent_env,
+            grace=options.shutdown_grace,
+            spawner=spawner,
+            attach=self._attach_later,
+            replayed=self._replayed,
+        )
+        self.links = self.agents.links
         # Every process this connection started, attached or not: shutdown stops them all.
-        self.processes: list[AgentHandle] = []
-        self._primary_process: AgentHandle | None = None
+        self.processes = self.agents.processes
         self.initialize_params: Any = None
         self.log = log
         self._waiters: dict[int, Waiter] = {}
         self._nursery: trio.Nursery | None = None
         self._exit_status: int | None = None
-        self._stopping = False
         self._finished = trio.Event()
         self._client_went_away = trio.Event()
         # How far the client pump has read, for telling a pump stuck behind a blocked
@@ -604,26 +540,25 @@ class Bridge:
 
     def adopt(self, process: AgentHandle) -> None:
         """Run with an agent process started before the bridge (see ``cli.run``)."""
-        self._primary_process = process
-        self.processes.append(process)
+        self.agents.adopt(process)
 
     async def start_agent(self) -> None:
         """Start the primary agent process; raises AgentStartError if it cannot start."""
-        self._primary_process = await self.spawner(self.options.agent_argv, self.options.agent_env)
-        self.processes.append(self._primary_process)
+        await self.agents.start_primary()
 
     async def run(self, *, watch_signals: bool = True) -> int:
         """Relay until the client leaves, the agent exits or a signal arrives; the exit status."""
-        if self._primary_process is None:
+        if self.agents.primary_process is None:
             try:
                 await self.start_agent()
             except AgentStartError as exc:
                 return await self._refuse_client(exc)
-        assert self._primary_process is not None
+        primary = self.agents.primary_process
+        assert primary is not None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._attach(self._primary_process, PRIMARY, "agent")
+                self._attach(primary, PRIMARY, "agent")
                 if watch_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._pump_client)
@@ -683,6 +618,19 @@ class Bridge:
         self._nursery.start_soon(self._pump_agent, link)
         return link
 
+    def _attach_later(self, process: AgentHandle) -> AgentConnection:
+        hop = self.router.add_hop()
+        return self._attach(process, hop, f"agent-{hop}")
+
+    def _replayed(self) -> list[tuple[str, Any]]:
+        """What a process started after the first gets before it is used."""
+        replayed: list[tuple[str, Any]] = []
+        if self.initialize_params is not None:
+            replayed.append(("initialize", self.initialize_params))
+        if self.router.authenticate_params is not None:
+            replayed.append(("authenticate", self.router.authenticate_params))
+        return replayed
+
     async def spawn_agent(
         self,
         extra_args: Sequence[str] = (),
@@ -690,34 +638,12 @@ class Bridge:
         private_files: Sequence[str] = (),
     ) -> AgentConnection:
         """Start another process of the agent and replay the client's initialize to it."""
-        if self._stopping:
-            raise AgentExited(None)
-        argv = [*self.options.agent_argv, *extra_args]
-        env = {**self.options.agent_env, **(extra_env or {})}
-        process = await self.spawner(argv, env, private_files)
-        self.processes.append(process)
-        hop = self.router.add_hop()
-        link = self._attach(process, hop, f"agent-{hop}")
-        try:
-            if self.initialize_params is not None:
-                link.initialize_result = await link.request("initialize", self.initialize_params)
-            if self.router.authenticate_params is not None:
-                await link.request("authenticate", self.router.authenticate_params)
-        except (AgentError, AgentExited):
-            # A process that cannot be used must not outlive the failed start.
-            await self.stop_agent(link)
-            raise
-        return link
-
-    async def stop_agent(self, link: AgentLink) -> None:
-        assert isinstance(link, AgentConnection)
-        await link.process.stop(self.options.shutdown_grace)
-        await link.done.wait()
+        return await self.agents.spawn(extra_args, extra_env, private_files)
 
     @property
     def primary(self) -> AgentConnection:
         """The agent process started first; it answers everything not routed elsewhere."""
-        return self.links[PRIMARY]
+        return self.agents.primary
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run background work of an adapter for as long as the connection lives."""
@@ -729,18 +655,11 @@ class Bridge:
 
         The first cause of shutdown decides the exit status; later ones only wait.
         """
-        if self._stopping:
+        if self.agents.stopping:
             await self._finished.wait()
             return
-        self._stopping = True
         with trio.CancelScope(shield=True):
-            stopped: set[int] = set()
-            # A process started while others were stopping is stopped in the next round.
-            while pending := [p for p in self.processes if id(p) not in stopped]:
-                stopped.update(id(p) for p in pending)
-                async with trio.open_nursery() as nursery:
-                    for process in pending:
-                        nursery.start_soon(process.stop, self.options.shutdown_grace)
+            await self.agents.stop_all()
             self._exit_status = status()
         self._finished.set()
 
@@ -1174,9 +1093,7 @@ class Bridge:
         long-lived bridge holds nothing for the pooled processes it saw come and go."""
         with trio.CancelScope(shield=True), contextlib.suppress(*WRITE_FAILED):
             await link.process.stdout.aclose()
-        # While shutting down, _shutdown owns the list (it keeps each process it stops).
-        if not self._stopping and link.process in self.processes:
-            self.processes.remove(link.process)
+        self.agents.forget(link.process)
 
     # ------------------------------------------------------- intercepted calls
 
@@ -1256,7 +1173,15 @@ class Bridge:
             adapter_class = self.registry.choose(initialize_result)
         else:
             adapter_class = self.registry.get(self.options.adapter)
-        self.adapter = adapter_class(LentContext(self))
+        self.adapter = adapter_class(
+            LentContext(
+                self.agents,
+                live=lambda: self.sessions.live,
+                start_soon=self.start_soon,
+                adapter_options=self.options.adapter_options,
+                log=log,
+            )
+        )
 
     async def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
         """A call into the session store, off the event loop (it may wait on a lock)."""
