@@ -8,11 +8,19 @@ from collections.abc import Mapping
 from typing import Any
 
 
+class Primary:
+    """The primary agent process before its ``initialize`` answer is known: adapters that
+    tell agent versions apart by it (codex) take their first route."""
+
+    initialize_result: dict[str, Any] | None = None
+
+
 class Context:
     """A relay with no adapter options that cannot say the agent's environment (the
     adapter then reads the bridge's own)."""
 
     log = logging.getLogger("test-adapter")
+    primary = Primary()
 
     def adapter_options(self, adapter: str) -> Mapping[str, Any]:
         return {}
