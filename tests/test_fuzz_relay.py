@@ -35,6 +35,7 @@ SEED: Final = 20261201
 CLIENT_LINES: Final = 20_000
 AGENT_LINES: Final = 20_000
 LINES_PER_WRITE: Final = 40  # a pipe delivers several lines per read
+STALLED: Final = 20.0  # seconds without a line to the client: the bridge stopped serving
 
 ODD_TEXT: Final = [
     "\\ud800",
@@ -424,14 +425,19 @@ class Run:
                     while not any(b'"alive"' in line for line in received[seen:]):
                         seen = len(received)
                         await trio.sleep(0.01)
-                # Answers held behind a session's interception (a store call in a worker
-                # thread, say) may still be on their way.
+                # Answers held behind a session's interceptions may still be on their way:
+                # each interception of a session waits for the one before it, and each may
+                # make a store call in a worker thread. Wait as long as answers come; a
+                # bridge that stopped serving makes no progress for STALLED seconds.
                 waiting, seen = set(self.oracle.must), 0
-                with trio.move_on_after(60):
-                    while waiting:
-                        waiting -= answered_ids(received[seen:])
-                        seen = len(received)
-                        await trio.sleep(0.05)
+                while waiting:
+                    with trio.move_on_after(STALLED):
+                        while len(received) == seen:
+                            await trio.sleep(0.05)
+                    if len(received) == seen:
+                        break
+                    waiting -= answered_ids(received[seen:])
+                    seen = len(received)
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.cancel_scope.cancel()
             self.agent_received = agent.received_raw

@@ -146,10 +146,11 @@ async def test_a_hook_held_two_seconds_holds_up_only_its_own_session(
 
 
 class BrokenLifecycle(Lifecycle):
-    """A store that fails to record a session, after ``release`` is set."""
+    """A store file that fails to record a session, after ``release`` is set (another
+    process holds its lock)."""
 
-    def __init__(self) -> None:
-        super().__init__(SessionStore(":memory:"), "memory-agent")
+    def __init__(self, folder: Path) -> None:
+        super().__init__(SessionStore(folder / "sessions.sqlite3"), "memory-agent")
         self.release = threading.Event()
 
     def save(
@@ -171,8 +172,10 @@ async def assert_refused_and_closed_on_the_agent(client: Wire, agent: MemoryAgen
     assert [c["params"] for c in closes] == [{"sessionId": "sess-1"}]
 
 
-async def test_a_store_that_fails_during_session_new_leaves_no_session_open() -> None:
-    lifecycle = BrokenLifecycle()
+async def test_a_store_that_fails_during_session_new_leaves_no_session_open(
+    tmp_path: Path,
+) -> None:
+    lifecycle = BrokenLifecycle(tmp_path)
     with trio.fail_after(10):
         async with bridge_over_memory(lifecycle) as (client, agent):
             await client.send(new_session("new"))
@@ -184,9 +187,11 @@ async def test_a_store_that_fails_during_session_new_leaves_no_session_open() ->
             await assert_refused_and_closed_on_the_agent(client, agent)
 
 
-async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened() -> None:
+async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened(
+    tmp_path: Path,
+) -> None:
     # Version 2 has no close capability: close is a baseline method of capabilities.session.
-    lifecycle = BrokenLifecycle()
+    lifecycle = BrokenLifecycle(tmp_path)
     lifecycle.release.set()
     agent_options = {"protocol_version": 2, "session_capabilities": {}}
     with trio.fail_after(10):

@@ -1184,7 +1184,10 @@ class Bridge:
         )
 
     async def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
-        """A call into the session store, off the event loop (it may wait on a lock)."""
+        """A call into the session store: off the event loop when it may wait on another
+        process's lock, in place for an in-memory store (a thread would only add latency)."""
+        if not self.lifecycle.store.may_wait:
+            return operation(*args)
         return await trio.to_thread.run_sync(operation, *args)
 
     async def _record(self, call: Call, step: Step, reply: Reply) -> Reply:

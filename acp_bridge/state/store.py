@@ -119,6 +119,9 @@ class SessionStore:
     ) -> None:
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
+        self.may_wait = self.path != MEMORY
+        """Whether a call may wait on another process's lock (up to the busy timeout): an
+        in-memory database belongs to this process alone, and each call returns at once."""
         self._lock = threading.Lock()
         self._closed = False
         self._owner = (os.getpid(), process_started(os.getpid()))
