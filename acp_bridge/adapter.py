@@ -11,7 +11,9 @@ own work with the agent first (``call.link.request(...)``).
 
 from __future__ import annotations
 
+import functools
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
@@ -209,6 +211,15 @@ class AdapterContext(Protocol):
     async def stop_agent(self, link: AgentLink) -> None:
         """Stop a process started with :meth:`spawn_agent` (EOF, grace, SIGTERM, SIGKILL)."""
 
+    def place_session(self, session_id: str, link: AgentLink) -> None:
+        """Session ``session_id`` lives in ``link`` (the primary or a process from
+        :meth:`spawn_agent`): the client's frames naming it go there from now on. Say it
+        before the hook that opened or moved the session returns."""
+
+    def unplace_session(self, session_id: str) -> None:
+        """Session ``session_id`` is gone (closed, deleted): the client's frames naming it
+        go to the primary again. A process that exits takes its sessions with it."""
+
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run background work (timers, reapers) for as long as the connection lives."""
 
@@ -246,6 +257,8 @@ class Adapter:
                     f"{cls.__name__}.{attribute} is not an adapter hook; the hooks are "
                     + ", ".join(sorted(HOOK_NAMES))
                 )
+        if cls.route is not Adapter.route:
+            _place_by_route(cls)
 
     def __init__(self, context: AdapterContext) -> None:
         self.context = context
@@ -305,7 +318,13 @@ class Adapter:
         return initialize_result
 
     def route(self, method: str, params: Any) -> AgentLink | None:
-        """Which agent process a non-intercepted client message goes to; None: the primary."""
+        """Deprecated: say where a session lives with ``context.place_session`` instead.
+
+        The bridge no longer asks an adapter while it routes. An adapter that still defines
+        this is asked once per session after each of its hooks returns (with the hook's
+        method, and its params naming that session), and the answer is placed for it; a
+        frame that names no session goes to the primary.
+        """
         return None
 
     async def session_new(self, call: LifecycleCall) -> Reply:
@@ -331,3 +350,41 @@ class Adapter:
 
     async def aclose(self) -> None:
         """The connection is ending: release what the adapter holds."""
+
+
+def _place_by_route(cls: type[Adapter]) -> None:
+    """Keep an adapter written against the deprecated :meth:`Adapter.route` working: after
+    each hook, where ``route`` says each session the call named or opened lives is placed
+    through the context, as a current adapter does itself."""
+    if "route" in vars(cls):
+        warnings.warn(
+            f"{cls.__name__}.route is deprecated: the bridge places sessions where "
+            "context.place_session() says (see docs/writing-adapters.md)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    for name in HOOK_NAMES:
+        hook = getattr(cls, name)
+        if not getattr(hook, "_places_by_route", False):
+            setattr(cls, name, _placing(hook))
+
+
+def _placing(
+    hook: Callable[[Any, LifecycleCall], Awaitable[Reply]],
+) -> Callable[[Any, LifecycleCall], Awaitable[Reply]]:
+    @functools.wraps(hook)
+    async def placing(self: Adapter, call: LifecycleCall) -> Reply:
+        reply = await hook(self, call)
+        named = [call.session_id]
+        if isinstance(reply.result, dict):
+            named.append(reply.result.get("sessionId"))
+        for session_id in dict.fromkeys(n for n in named if isinstance(n, str)):
+            link = self.route(call.method, {**call.params, "sessionId": session_id})
+            if link is None:
+                self.context.unplace_session(session_id)
+            else:
+                self.context.place_session(session_id, link)
+        return reply
+
+    placing._places_by_route = True  # type: ignore[attr-defined]
+    return placing

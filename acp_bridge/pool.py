@@ -9,9 +9,10 @@ serves such an agent with several processes behind one client connection:
 * one process per prompt fingerprint (mode + text), started on first use through
   :meth:`AdapterContext.spawn_agent`, which replays the client's ``initialize`` and
   ``authenticate`` to it;
-* session-scoped messages are routed by ``sessionId`` (:meth:`PoolAdapter.route`) to the
-  process holding the session; a session reopened under another prompt is closed where it
-  was first, so it is live in one process at a time;
+* session-scoped messages go by ``sessionId`` to the process holding the session (the
+  pool places each session through :meth:`AdapterContext.place_session`); a session
+  reopened under another prompt is closed where it was first, so it is live in one process
+  at a time;
 * a process without a live session is stopped after ``idle_timeout`` seconds; at most
   ``max_processes`` run at once (the primary included) and past that a new prompt gets a
   clear error; every process is stopped and every private file removed on shutdown;
@@ -293,14 +294,7 @@ class PoolAdapter(Adapter):
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
         return Delivery(append=True, override=True)
 
-    # ------------------------------------------------------------------ routing
-
-    def route(self, method: str, params: Any) -> AgentLink | None:
-        session_id = params.get("sessionId") if isinstance(params, dict) else None
-        pooled = self.home.get(session_id) if isinstance(session_id, str) else None
-        if pooled is None or pooled.link.closed:
-            return None
-        return pooled.link
+    # ---------------------------------------------------------------- processes
 
     def processes(self) -> list[PooledProcess]:
         """The processes running now, the primary first."""
@@ -491,6 +485,7 @@ class PoolAdapter(Adapter):
         for session_id in list(pooled.sessions):
             if self.home.get(session_id) is pooled:
                 del self.home[session_id]
+                self.context.unplace_session(session_id)
         if pooled.private is not None and not keep_files:
             pooled.private.remove()
         self._changed.set()
@@ -592,12 +587,14 @@ class PoolAdapter(Adapter):
         self.home[session_id] = pooled
         pooled.sessions.add(session_id)
         self._touch(pooled)
+        self.context.place_session(session_id, pooled.link)
 
     def _drop(self, session_id: str) -> None:
         pooled = self.home.pop(session_id, None)
         if pooled is not None:
             pooled.sessions.discard(session_id)
             self._touch(pooled)
+            self.context.unplace_session(session_id)
 
     async def _in_prompts_process(
         self, call: LifecycleCall, serve: Callable[[PooledProcess], Awaitable[Opened]]

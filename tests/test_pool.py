@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from acp_bridge.adapter import AgentError, AgentLink, Reply
+from acp_bridge.adapter import Adapter, AgentError, AgentLink, LifecycleCall, Reply
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import (
     AT_CAPACITY,
@@ -98,6 +98,8 @@ class FakeContext:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("test-pool"))
     spawn_time: float = 0.0
     """Seconds a process takes to start and answer the replayed initialize."""
+    placed: dict[str, AgentLink] = field(default_factory=dict)
+    """Where the adapter said each session lives (the router's table)."""
 
     def __post_init__(self) -> None:
         self._primary = FakeProcess("agent")
@@ -134,6 +136,18 @@ class FakeContext:
         assert isinstance(link, FakeProcess)
         link.exit()
         self.stopped.append(link)
+
+    def place_session(self, session_id: str, link: AgentLink) -> None:
+        self.placed[session_id] = link
+
+    def unplace_session(self, session_id: str) -> None:
+        self.placed.pop(session_id, None)
+
+    def route(self, session_id: str | None) -> AgentLink:
+        """Where the router sends a frame naming ``session_id``: where it was placed, or
+        the primary (as for a process that is gone)."""
+        link = self.placed.get(session_id) if session_id is not None else None
+        return self._primary if link is None or link.closed else link
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         self.nursery.start_soon(async_fn, *args)
@@ -197,7 +211,7 @@ class Pool:
 
     def call(self, method: str, session_id: str | None = None, **kw: Any) -> FakeCall:
         params: JsonObject = {} if session_id is None else {"sessionId": session_id}
-        routed = self.adapter.route(method, params) or self.context.primary
+        routed = self.context.route(session_id)
         return FakeCall(method, params, routed, session_id=session_id, **kw)
 
     async def new(self, prompt: SystemPrompt | None = None) -> str:
@@ -210,8 +224,7 @@ class Pool:
         return await self.adapter.session_close(self.call("session/close", session_id))
 
     def holder(self, session_id: str) -> FakeProcess:
-        link = self.adapter.route("session/prompt", {"sessionId": session_id})
-        link = link or self.context.primary
+        link = self.context.route(session_id)
         assert isinstance(link, FakeProcess)
         return link
 
@@ -256,8 +269,8 @@ async def test_each_prompt_gets_one_process_and_sessions_are_routed_to_it(
         assert pool.holder(plain) is pool.context.primary
         assert pool.holder(first) is pool.holder(again)
         assert len({id(pool.holder(s)) for s in (plain, first, other)}) == 3
-        assert pool.adapter.route("session/prompt", {"sessionId": "unknown"}) is None
-        assert pool.adapter.route("session/list", {}) is None
+        assert "unknown" not in pool.context.placed
+        assert set(pool.context.placed) <= {plain, first, again, other}
         # Every started process got the client's initialize first.
         for process in pool.context.processes[1:]:
             assert process.methods()[0] == "initialize"
@@ -265,6 +278,44 @@ async def test_each_prompt_gets_one_process_and_sessions_are_routed_to_it(
             ["--mode", "append"],
             ["--mode", "override"],
         ]
+
+
+async def test_an_adapter_written_for_route_still_places_its_sessions() -> None:
+    """An adapter of the deprecated ``route`` shape keeps working: after each hook, where
+    its ``route`` says a session lives is placed for it (the bridge never asks it while
+    routing)."""
+    with pytest.warns(DeprecationWarning, match="OwnProcesses.route is deprecated"):
+
+        class OwnProcesses(Adapter):
+            def __init__(self, context: FakeContext) -> None:
+                super().__init__(context)
+                self.home: dict[str, AgentLink] = {}
+
+            async def session_new(self, call: LifecycleCall) -> Reply:
+                link = await self.context.spawn_agent()
+                reply = await call.forward(link)
+                self.home[reply.result["sessionId"]] = link
+                return reply
+
+            async def session_close(self, call: LifecycleCall) -> Reply:
+                assert call.session_id is not None
+                self.home.pop(call.session_id, None)
+                return await call.forward()
+
+            def route(self, method: str, params: Any) -> AgentLink | None:
+                return self.home.get(params.get("sessionId"))
+
+    async with trio.open_nursery() as nursery:
+        context = FakeContext(nursery)
+        adapter = OwnProcesses(context)
+        reply = await adapter.session_new(FakeCall("session/new", {}, context.primary))
+        session_id = reply.result["sessionId"]
+        spawned = context.processes[1]
+        assert context.route(session_id) is spawned
+        close = FakeCall("session/close", {"sessionId": session_id}, spawned)
+        close.session_id = session_id
+        await adapter.session_close(close)
+        assert session_id not in context.placed
 
 
 async def test_the_prompt_reaches_a_private_file_named_in_the_environment(
@@ -442,7 +493,7 @@ async def test_a_process_that_exits_on_its_own_is_dropped_with_its_files(
         assert list(private_dirs.iterdir()) != []
         process.exit()  # crashed
         await trio.testing.wait_all_tasks_blocked()
-        assert pool.adapter.route("session/prompt", {"sessionId": session}) is None
+        assert session not in pool.context.placed
         assert list(private_dirs.iterdir()) == []
         again = await pool.new(override("X"))
         assert pool.holder(again) is not process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from acp_bridge.core.router import CLIENT, INITIALIZE, Abandoned, Answered, Intercept, Route, Router
+from acp_bridge.core.router import CLIENT, INITIALIZE, Abandoned, Answered, Intercept, Router
 from acp_bridge.wire import jsonrpc
 
 
@@ -17,12 +17,14 @@ class Wire:
         hops: int = 1,
         *,
         intercepted: frozenset[str] = frozenset({INITIALIZE}),
-        route: Route | None = None,
+        placed: dict[str, int] | None = None,
     ) -> None:
         self._sent: list[tuple[int, bytes]] = []
-        self.router = Router(intercepted=intercepted, route=route)
+        self.router = Router(intercepted=intercepted)
         for _ in range(hops - 1):
             self.router.add_hop()
+        for session_id, hop in (placed or {}).items():
+            self.router.place(session_id, hop)
 
     @property
     def sent(self) -> list[tuple[int, bytes]]:
@@ -98,9 +100,9 @@ def test_client_id_in_flight_on_the_hop_is_translated_and_restored() -> None:
 
 
 def test_cancel_without_request_id_passes_as_it_came() -> None:
-    wire = Wire(hops=2, route=lambda method, params: 1 if method == "x/other" else None)
-    wire.client(request(None, "x/other"))
-    assert wire.take(1) == [request(None, "x/other")]
+    wire = Wire(hops=2, placed={"other": 1})
+    wire.client(request(None, "x/other", sessionId="other"))
+    assert wire.take(1) == [request(None, "x/other", sessionId="other")]
     line = b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{}}'
     wire.router.receive_from_client(jsonrpc.parse(line))
     assert wire.raw(0) == [line]
@@ -155,10 +157,32 @@ def test_client_batch_reusing_an_intercepted_id_in_flight_does_not_steal_its_ans
 
 
 def test_client_batch_members_go_to_the_hop_their_session_lives_in() -> None:
-    wire = Wire(hops=2, route=lambda method, params: 1 if params.get("sessionId") == "b" else None)
+    wire = Wire(hops=2, placed={"b": 1})
     wire.client([request(1, "x/y", sessionId="a"), request(2, "x/y", sessionId="b")])
     assert wire.take(0) == [[request(1, "x/y", sessionId="a")]]
     assert wire.take(1) == [[request(2, "x/y", sessionId="b")]]
+
+
+def test_a_session_goes_where_it_was_placed_and_the_router_calls_no_one() -> None:
+    # Routing is a lookup in the router's own table, filled with values as the adapter
+    # places sessions: no callback is configured, and none is needed.
+    wire = Wire(hops=3)
+    wire.router.place("b", 1)
+    wire.router.place("c", 2)
+    wire.client(request(1, "session/prompt", sessionId="b", prompt=[]))
+    wire.client(notification("session/cancel", sessionId="c"))
+    wire.client(request(2, "session/set_mode", sessionId="a", modeId="m"))
+    wire.client(request(3, "session/list"))
+    assert [m["id"] for m in wire.take(1)] == [1]
+    assert wire.take(2) == [notification("session/cancel", sessionId="c")]
+    assert [m["id"] for m in wire.take(0)] == [2, 3]
+    # Moved back to the primary, then gone: both go to the primary.
+    wire.router.place("b", 0)
+    wire.router.unplace("c")
+    wire.client(request(4, "session/prompt", sessionId="b", prompt=[]))
+    wire.client(notification("session/cancel", sessionId="c"))
+    assert [m.get("id", m.get("method")) for m in wire.take(0)] == [4, "session/cancel"]
+    assert wire.take(1) == [] and wire.take(2) == []
 
 
 def test_batch_holding_an_intercepted_method_is_refused_whole() -> None:
@@ -207,7 +231,7 @@ def test_initialize_holds_every_client_frame_until_it_is_answered() -> None:
     wire.client(request(1, "session/new", cwd="/"))
     wire.client(request(2, "x/y"))
     assert wire.take(0) == []
-    wire.router.configure(intercepted=LIFECYCLE, route=None)
+    wire.router.configure(intercepted=LIFECYCLE)
     events = wire.router.answer(start.token, jsonrpc.encode(result(0)))
     # session/new is now intercepted (the adapter is known); x/y follows at once.
     assert [type(e) for e in events] == [Intercept]
@@ -256,15 +280,15 @@ def test_frames_that_wait_keep_their_order_and_a_second_interception_queues() ->
 
 
 def test_a_hop_that_exits_fails_its_client_requests_and_abandons_its_waiters() -> None:
-    wire = Wire(hops=2, route=lambda method, params: 1)
-    wire.client(request("c", "x/y"))
+    wire = Wire(hops=2, placed={"s": 1})
+    wire.client(request("c", "x/y", sessionId="s"))
     waiter = wire.router.request(1, "_bridge/own", {})
     assert waiter is not None
     assert wire.router.hop_closed(1, 3) == [Abandoned(waiter, 3)]
     (error,) = wire.take(CLIENT)
     assert error["id"] == "c" and error["error"]["data"] == {"exitStatus": 3}
     # Later traffic for that process goes to the primary (routing falls back).
-    wire.client(request("d", "x/y"))
+    wire.client(request("d", "x/y", sessionId="s"))
     assert [m["id"] for m in wire.take(0)] == ["d"]
 
 

@@ -20,16 +20,16 @@ events: start an interception (:class:`Intercept`), hand an answer to a waiter
 (:class:`Abandoned`).
 
 Its configuration comes in through :meth:`Router.configure` once the client's
-``initialize`` is answered: which client methods are intercepted, and which agent process
-a non-intercepted frame goes to while more than one runs (the adapter's placement of
-sessions, ``route``).
+``initialize`` is answered: which client methods are intercepted. Where a session lives
+while more than one agent process runs is a table the router owns, filled with values
+(:meth:`Router.place`, :meth:`Router.unplace`, as the adapter says through its context):
+routing a frame is a lookup in it, never a call out.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -52,10 +52,6 @@ log = logging.getLogger("acp_bridge.router")
 
 CLIENT: Final = -1
 PRIMARY: Final = 0
-
-# Which agent process a client message (method, params) goes to while several run; None:
-# the primary.
-Route: TypeAlias = Callable[[str, Any], "int | None"]
 
 INITIALIZE: Final = "initialize"
 # Intercepted session/prompt holds its session only until forwarded (see ordering).
@@ -159,14 +155,13 @@ def _is_message(envelope: Envelope) -> bool:
 class Router:
     """Routes the frames of one client connection to and from its agent processes."""
 
-    def __init__(
-        self, *, intercepted: frozenset[str] = frozenset({INITIALIZE}), route: Route | None = None
-    ) -> None:
+    def __init__(self, *, intercepted: frozenset[str] = frozenset({INITIALIZE})) -> None:
         self._outgoing: list[Send] = []
         self.hops: dict[int, Hop] = {PRIMARY: Hop()}
         self.intercepted = intercepted
         """Client methods handed to the runtime (:class:`Intercept`) instead of relayed."""
-        self.route = route
+        # Session id -> the hop it lives in, for sessions not in the primary.
+        self._placed: dict[str, int] = {}
         self.authenticate_params: Any = None
         """The params of the client's last ``authenticate``, for a process started later."""
         self.gate = Gate()
@@ -185,11 +180,10 @@ class Router:
         self._answer_pending: dict[int, tuple[int, frozenset[str] | None]] = {}
         self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
 
-    def configure(self, *, intercepted: frozenset[str], route: Route | None) -> None:
+    def configure(self, *, intercepted: frozenset[str]) -> None:
         """The client's ``initialize`` is answered: the client methods intercepted from now
-        on, and where a client message goes while several agent processes run."""
+        on."""
         self.intercepted = intercepted
-        self.route = route
 
     def data_to_send(self) -> list[Send]:
         """What the peers must be sent since the last call, in order; the caller writes it."""
@@ -200,6 +194,18 @@ class Router:
         self._outgoing.append(Send(peer, raw))
 
     # ------------------------------------------------------------------ hops
+
+    def place(self, session_id: str, hop: int) -> None:
+        """Session ``session_id`` lives in agent process ``hop`` from now on: the client's
+        frames naming it go there."""
+        if hop == PRIMARY:
+            self._placed.pop(session_id, None)
+        else:
+            self._placed[session_id] = hop
+
+    def unplace(self, session_id: str) -> None:
+        """Session ``session_id`` is gone (closed, deleted): its frames go to the primary."""
+        self._placed.pop(session_id, None)
 
     def add_hop(self) -> int:
         """A new agent process joins the connection; its hop number."""
@@ -212,6 +218,7 @@ class Router:
         state = self.hops[hop]
         state.closed = True
         state.status = status
+        self._placed = {name: at for name, at in self._placed.items() if at != hop}
         events: list[Event] = []
         for origin in state.pending.drain():
             if isinstance(origin, FromClient):
@@ -301,12 +308,14 @@ class Router:
             self._send(hop, jsonrpc.encode(message) if changed else raw)
 
     def hop_for(self, message: JsonObject) -> int:
-        """The hop a client message goes to: the adapter's choice while several processes
-        run, else (or when that process is gone) the primary."""
-        if self.route is None or len(self.hops) == 1:
+        """The hop a client message goes to: the one its session was placed in, else (or
+        when that process is gone) the primary."""
+        if not self._placed:
             return PRIMARY
-        hop = self.route(message.get("method") or "", message.get("params"))
-        if hop is None or hop not in self.hops or self.hops[hop].closed:
+        params = message.get("params")
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        hop = self._placed.get(session_id) if isinstance(session_id, str) else None
+        if hop is None or self.hops[hop].closed:
             return PRIMARY
         return hop
 

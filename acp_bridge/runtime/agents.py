@@ -173,19 +173,32 @@ class LentContext:
     """What the runtime lends an adapter (implements ``AdapterContext``), and nothing else
     of the bridge: through it an adapter cannot reach the router, the store or the pumps."""
 
-    __slots__ = ("_adapter_options", "_agents", "_live", "_start_soon", "log")
+    __slots__ = (
+        "_adapter_options",
+        "_agents",
+        "_live",
+        "_place",
+        "_start_soon",
+        "_unplace",
+        "log",
+    )
 
     def __init__(
         self,
         agents: Agents[Any],
         *,
         live: Callable[[], Iterable[str]],
+        place: Callable[[str, int], None],
+        unplace: Callable[[str], None],
         start_soon: Callable[..., None],
         adapter_options: Mapping[str, Mapping[str, Any]],
         log: logging.Logger,
     ) -> None:
         self._agents = agents
         self._live = live
+        # Where a session lives, as values for the router's table (it calls no adapter).
+        self._place = place
+        self._unplace = unplace
         self._start_soon = start_soon
         self._adapter_options = adapter_options
         self.log = log
@@ -211,10 +224,20 @@ class LentContext:
         return link
 
     async def stop_agent(self, link: AgentLink) -> None:
+        await self._agents.stop(self._own(link, "stop_agent"))
+
+    def place_session(self, session_id: str, link: AgentLink) -> None:
+        self._place(session_id, self._own(link, "place_session").hop)
+
+    def unplace_session(self, session_id: str) -> None:
+        self._unplace(session_id)
+
+    def _own(self, link: AgentLink, asked: str) -> Any:
+        """The bridge's own connection that ``link`` is; anything else is refused."""
         mine = next((own for own in self._agents.links.values() if own is link), None)
         if mine is None:
-            raise TypeError(f"stop_agent() got a link this bridge did not make: {link!r}")
-        await self._agents.stop(mine)
+            raise TypeError(f"{asked}() got a link this bridge did not make: {link!r}")
+        return mine
 
     def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         self._start_soon(async_fn, *args)

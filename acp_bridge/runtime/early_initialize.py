@@ -134,6 +134,12 @@ class _EarlyContext:
     async def stop_agent(self, link: AgentLink) -> None:
         raise _NotYet
 
+    def place_session(self, session_id: str, link: AgentLink) -> None:
+        raise _NotYet
+
+    def unplace_session(self, session_id: str) -> None:
+        raise _NotYet
+
     def start_soon(self, async_fn: Callable[..., Any], *args: Any) -> None:
         raise _NotYet
 

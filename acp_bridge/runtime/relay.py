@@ -1118,11 +1118,6 @@ class Bridge:
     def _route_link(self, frame: Frame) -> AgentConnection:
         return self.links[self.router.hop_for(frame.message)]
 
-    def _route_hop(self, method: str, params: Any) -> int | None:
-        assert self.adapter is not None
-        link = self.adapter.route(method, params)
-        return link.hop if isinstance(link, AgentConnection) else None
-
     async def _handle(self, token: int, frame: Frame) -> Reply:
         link = self._route_link(frame)
         if frame.method == "initialize":
@@ -1159,8 +1154,7 @@ class Bridge:
         self.router.configure(
             intercepted=self.sessions.initialized(
                 result, delivery, intercepts_prompt=self.adapter.intercepts_prompt
-            ),
-            route=self._route_hop,
+            )
         )
         self.lifecycle.agent = self.sessions.agent
         log.info("adapter %s; delivery %s", self.adapter.name, delivery)
@@ -1177,6 +1171,8 @@ class Bridge:
             LentContext(
                 self.agents,
                 live=lambda: self.sessions.live,
+                place=self.router.place,
+                unplace=self.router.unplace,
                 start_soon=self.start_soon,
                 adapter_options=self.options.adapter_options,
                 log=log,
