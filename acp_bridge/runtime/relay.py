@@ -1,17 +1,18 @@
 """The trio runtime around the protocol core: one client connection and its agent processes.
 
-This module owns what takes time: the pumps that read lines from each peer, the outboxes
-that write to them, one task per intercepted request (the adapter's hook runs there), the
-session store called off the event loop, and the order of shutdown. Where a frame goes,
-under which id and when is decided by :class:`~acp_bridge.core.router.Router`; this module
-only carries it out.
+:class:`Bridge` wires the runtime's parts together and runs them in one nursery. This
+module also owns the pumps that read lines from each peer and the order of shutdown.
+Where a frame goes, under which id and when is decided by
+:class:`~acp_bridge.core.router.Router`; the runtime only carries it out.
 
 Writes are batched: a pump queues every frame one read produced and writes them with one
 flush before it reads again (so a slow peer still holds the pump back); everything else the
 bridge writes to a peer goes through the same outbox, so nothing overtakes.
 
-Starting, replaying to and stopping agent processes, and what an adapter is lent, are
-:mod:`acp_bridge.runtime.agents`' job; this module pumps what they write.
+The other parts, each in its own module: the outboxes and what the router's calls return
+(:mod:`~acp_bridge.runtime.connection`), the intercepted requests and the adapter
+(:mod:`~acp_bridge.runtime.interception`), and the agent processes and what an adapter is
+lent (:mod:`~acp_bridge.runtime.agents`).
 """
 
 from __future__ import annotations
@@ -27,45 +28,27 @@ from typing import Any, Final
 
 import trio
 
-from acp_bridge.adapter import (
-    HOOKS,
-    Adapter,
-    AgentError,
-    AgentExited,
-    AgentLink,
-    Reply,
-)
-from acp_bridge.core import capabilities
+from acp_bridge.adapter import Adapter
 from acp_bridge.core.exits import describe_exit
-from acp_bridge.core.router import (
-    CLIENT,
-    NO_EVENTS,
-    PRIMARY,
-    Abandoned,
-    Answered,
-    Event,
-    Intercept,
-    Router,
-)
-from acp_bridge.core.sessions import SessionTable, Step, Withdraw
-from acp_bridge.core.system_prompt import (
-    DEFAULT_MAX_PROMPT_BYTES,
-    PromptRejected,
-    SystemPrompt,
-)
+from acp_bridge.core.router import CLIENT, PRIMARY, Router
+from acp_bridge.core.sessions import SessionTable
+from acp_bridge.core.system_prompt import DEFAULT_MAX_PROMPT_BYTES
 from acp_bridge.registry import AUTO, AdapterRegistry
 from acp_bridge.runtime import hangup
 
 # AgentHandle, Spawner and spawn_process are re-exported: tests and embedders name them
-# through the relay.
+# through the relay, as they name AgentConnection, Call and Outbox.
 from acp_bridge.runtime.agents import AgentHandle as AgentHandle  # noqa: PLC0414
-from acp_bridge.runtime.agents import Agents, LentContext
+from acp_bridge.runtime.agents import Agents
 from acp_bridge.runtime.agents import Spawner as Spawner  # noqa: PLC0414
 from acp_bridge.runtime.agents import spawn_process as spawn_process  # noqa: PLC0414
+from acp_bridge.runtime.connection import WRITE_FAILED, Connection, Outbox
+from acp_bridge.runtime.connection import AgentConnection as AgentConnection  # noqa: PLC0414
+from acp_bridge.runtime.interception import Call as Call  # noqa: PLC0414
+from acp_bridge.runtime.interception import Interceptions
 from acp_bridge.runtime.refusal import refuse_requests
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.state.lifecycle import Lifecycle
-from acp_bridge.state.store import StoreError
 from acp_bridge.supervision.agent_process import AgentStartError
 from acp_bridge.wire import json_stream, jsonrpc
 from acp_bridge.wire.framing import (
@@ -78,10 +61,9 @@ from acp_bridge.wire.framing import (
     LongLinePart,
     LongLineStart,
     OverlongLine,
-    join_lines,
 )
 from acp_bridge.wire.json_stream import Envelope, LineValidator
-from acp_bridge.wire.jsonrpc import Frame, FrameError, JsonObject
+from acp_bridge.wire.jsonrpc import Frame, FrameError
 
 log = logging.getLogger("acp_bridge")
 
@@ -102,7 +84,6 @@ CLIENT_EOF_SETTLE: Final = 5.0
 CLIENT_HANGUP_STALL: Final = 0.5
 # After every process is stopped, how long their last answers may take to reach the client.
 FINAL_DRAIN: Final = 1.0
-WRITE_FAILED: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 # Answered to a command that cannot be started, as a shell does.
 START_FAILED_STATUS: Final = 127
 
@@ -122,95 +103,6 @@ class BridgeOptions:
     shutdown_grace: float = 2.0
     # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.
     adapter_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-
-class Outbox:
-    """The frames on their way to one peer, written in the order they were queued."""
-
-    def __init__(self, stream: trio.abc.SendStream) -> None:
-        self.stream = stream
-        self.frames: list[bytes] = []
-        # One writer at a time; the frames are taken only while holding it, so the order
-        # of writes is the order of queueing.
-        self._lock = trio.Lock()
-        self.in_line = False  # a long line is being passed on: nothing may come between
-
-    async def begin_line(self) -> None:
-        """Start passing on a long line: what was queued before it goes first, then the
-        outbox is the caller's until :meth:`end_line` (or :meth:`abort_line`)."""
-        await self._lock.acquire()
-        self.in_line = True
-        try:
-            await self._write_queued()
-        except BaseException:
-            self.abort_line()
-            raise
-
-    async def write_part(self, data: bytes) -> None:
-        if data:
-            await self.stream.send_all(data)
-
-    async def end_line(self, data: bytes) -> None:
-        """Write the line's last bytes and its newline, then what was queued meanwhile."""
-        try:
-            await self._write_queued(data)
-        finally:
-            self.abort_line()
-
-    def abort_line(self) -> None:
-        """Give the outbox back (after :meth:`end_line`, or when the writer is gone)."""
-        if self.in_line:
-            self.in_line = False
-            self._lock.release()
-
-    async def flush(self) -> None:
-        """Write the queued frames; with nothing queued return at once, even while another
-        task writes (a pump must never wait for a write it did not ask for). While a long
-        line is being passed on, frames wait for its end (:meth:`end_line` writes them)."""
-        if not self.frames or self.in_line:
-            return
-        try:
-            self._lock.acquire_nowait()  # the usual case, without a trip to the scheduler
-        except trio.WouldBlock:
-            await self._lock.acquire()
-        try:
-            await self._write_queued()
-        finally:
-            self._lock.release()
-
-    async def _write_queued(self, line_end: bytes | None = None) -> None:
-        """Write the queued frames (after ``line_end``, the rest of a line passed on), as
-        newline-terminated lines in as few writes as :func:`join_lines` makes them."""
-        frames, self.frames = self.frames, []
-        if line_end is not None:
-            frames.insert(0, line_end)
-        for buffer in join_lines(frames):
-            await self.stream.send_all(buffer)
-
-    async def settle(self) -> None:
-        """Flush, and wait for a write another task has in progress."""
-        await self.flush()
-        async with self._lock:
-            pass
-
-
-class Waiter:
-    """One answer a task waits for: an agent's response, or the news that it is gone."""
-
-    __slots__ = ("_done", "answer")
-
-    def __init__(self) -> None:
-        self._done = trio.Event()
-        self.answer: Frame | AgentExited | None = None
-
-    def set(self, answer: Frame | AgentExited) -> None:
-        self.answer = answer
-        self._done.set()
-
-    async def wait(self) -> Frame | AgentExited:
-        await self._done.wait()
-        assert self.answer is not None
-        return self.answer
 
 
 @dataclass(slots=True)
@@ -310,101 +202,6 @@ class LongLineRoute:
             self.current.stop_writing()
 
 
-class AgentConnection:
-    """One agent process as adapters see it (implements ``AgentLink``)."""
-
-    def __init__(self, bridge: Bridge, process: AgentHandle, hop: int, name: str) -> None:
-        self.bridge = bridge
-        self.process = process
-        self.hop = hop
-        self.name = name
-        self.initialize_result: JsonObject | None = None
-        self.exit_status: int | None = None
-        self.closed = False
-        self.done = trio.Event()
-        self.outbox = Outbox(process.stdin)
-
-    async def flush(self) -> None:
-        try:
-            await self.outbox.flush()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            log.debug("%s: write failed; the agent is gone", self.name)
-
-    async def wait_closed(self) -> None:
-        """Return once the process has exited and what it wrote last reached the client."""
-        await self.done.wait()
-
-    async def request(self, method: str, params: JsonObject) -> Any:
-        """A request of the bridge's own: its result, or AgentError / AgentExited."""
-        waiter = self.bridge.router.request(self.hop, method, params)
-        self.bridge.carry_out()
-        answer = await self.bridge.wait_for(waiter, self)
-        if isinstance(answer, AgentExited):
-            raise answer
-        if "error" in answer.message:
-            raise AgentError(answer.message["error"])
-        return answer.message.get("result")
-
-    async def notify(self, method: str, params: JsonObject) -> None:
-        self.bridge.router.notify(self.hop, method, params)
-        self.bridge.carry_out()
-        await self.flush()
-
-
-class Call:
-    """An intercepted client request on its way through an adapter hook (``LifecycleCall``).
-
-    What it runs with (prompt, previous, delivered, the params to forward) is the session
-    table's :class:`~acp_bridge.core.sessions.Step`; ``initialize`` has none.
-    """
-
-    def __init__(
-        self,
-        bridge: Bridge,
-        token: int,
-        frame: Frame,
-        link: AgentConnection,
-        step: Step | None = None,
-    ) -> None:
-        self.bridge = bridge
-        self.token = token
-        self.frame = frame
-        self.method: str = frame.method or ""
-        self.link = link
-        self.original_params: JsonObject = frame.params
-        self.params: JsonObject = dict(frame.params if step is None else step.params)
-        self.prompt: SystemPrompt | None = None if step is None else step.prompt
-        self.previous: SystemPrompt | None = None if step is None else step.previous
-        self.session_id: str | None = None if step is None else step.session_id
-        self.client_sent_prompt = False if step is None else step.client_sent_prompt
-        self.delivered: str | None = None if step is None else step.delivered
-        self.delivered_now: str | None = None
-        self.forwarded_to: AgentConnection | None = None
-
-    async def forward(self, link: AgentLink | None = None) -> Reply:
-        if link is None:
-            target = self.link
-        elif isinstance(link, AgentConnection) and link.bridge is self.bridge:
-            target = link
-        else:
-            raise TypeError(f"call.forward() got a link this bridge did not make: {link!r}")
-        self.forwarded_to = target
-        unchanged = self.params == self.original_params
-        message = None if unchanged else {**self.frame.message, "params": self.params}
-        waiter, events = self.bridge.router.forward(self.token, target.hop, message)
-        self.bridge.carry_out(events)
-        self.bridge.interception_moved()
-        answer = await self.bridge.wait_for(waiter, target)
-        if isinstance(answer, AgentExited):
-            return Reply.internal(str(answer), {"exitStatus": answer.status})
-        body = answer.message
-        raw = answer.raw if body.get("id") == self.frame.id else None
-        return Reply(result=body.get("result"), error=body.get("error"), frame_bytes=raw)
-
-    def mark_delivered(self, fingerprint: str | None) -> None:
-        self.delivered_now = fingerprint
-
-
 def _request_id(line: LongLine) -> jsonrpc.RequestId:
     """The id to answer a cut line with: its own if it is a request that named one."""
     return line.validator.envelope.request_id()
@@ -438,17 +235,8 @@ class Bridge:
         self._long_after = options.stream_after or sys.maxsize
         if self._tracing:
             self._long_after = sys.maxsize
-        self.client_outbox = Outbox(client_out)
-        self.client_gone = False
         self.lifecycle = lifecycle
-        self.registry = registry or AdapterRegistry()
         self.router = Router()
-        self.adapter: Adapter | None = None
-        self.sessions = SessionTable(
-            lifecycle.agent,
-            on_omitted=options.on_omitted,
-            max_prompt_bytes=options.max_prompt_bytes,
-        )
         self.agents: Agents[AgentConnection] = Agents(
             options.agent_argv,
             options.agent_env,
@@ -460,81 +248,37 @@ class Bridge:
         self.links = self.agents.links
         # Every process this connection started, attached or not: shutdown stops them all.
         self.processes = self.agents.processes
-        self.initialize_params: Any = None
-        self.log = log
-        self._waiters: dict[int, Waiter] = {}
+        self.connection = Connection(
+            self.router, client_out, self.links, self.tracer, intercept=self._intercept
+        )
+        self.interceptions = Interceptions(
+            self.connection,
+            self.agents,
+            lifecycle,
+            SessionTable(
+                lifecycle.agent,
+                on_omitted=options.on_omitted,
+                max_prompt_bytes=options.max_prompt_bytes,
+            ),
+            registry=registry or AdapterRegistry(),
+            tracer=self.tracer,
+            adapter=options.adapter,
+            allow_override=options.allow_override,
+            adapter_options=options.adapter_options,
+            start_soon=self.start_soon,
+        )
         self._nursery: trio.Nursery | None = None
         self._exit_status: int | None = None
         self._finished = trio.Event()
-        self._client_went_away = trio.Event()
-        # How far the client pump has read, for telling a pump stuck behind a blocked
-        # write from one still reading (see _watch_client_hangup).
-        self._client_reads = 0
-        self._client_eof = trio.Event()
-        # Set (and replaced) each time an interception is forwarded or answered: the only
-        # steps after which the router can have become settled or stopped intercepting.
-        self._interception_moved = trio.Event()
 
-    # ------------------------------------------------------------------ wiring
+    @property
+    def adapter(self) -> Adapter | None:
+        """The adapter, once the agent has answered ``initialize``."""
+        return self.interceptions.adapter
 
-    def _queue(self, peer: int, raw: bytes) -> None:
-        if peer == CLIENT:
-            if not self.client_gone:
-                if self._tracing:
-                    self.tracer.record("agent->client", raw, None)
-                self.client_outbox.frames.append(raw)
-            return
-        link = self.links[peer]
-        if self._tracing:
-            self.tracer.record(f"bridge->{link.name}", raw, None)
-        link.outbox.frames.append(raw)
-
-    def carry_out(self, events: list[Event] = NO_EVENTS) -> None:
-        """Carry out what the router asked for: queue the bytes it has for each peer in that
-        peer's outbox (in order, so nothing overtakes), then the ``events`` the call
-        returned. Called after every call into the router."""
-        for send in self.router.data_to_send():
-            self._queue(send.peer, send.raw)
-        for event in events:
-            if isinstance(event, Intercept):
-                assert self._nursery is not None
-                self._nursery.start_soon(self._intercept, event.token, event.frame)
-            elif isinstance(event, Answered):
-                self._waiters.pop(event.waiter).set(event.frame)
-            elif isinstance(event, Abandoned):
-                self._waiters.pop(event.waiter).set(AgentExited(event.status))
-
-    def interception_moved(self) -> None:
-        """An interception was forwarded or answered: wake what waits in :meth:`_until`."""
-        self._interception_moved.set()
-        self._interception_moved = trio.Event()
-
-    async def _until(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition`` (of the router's interceptions) holds."""
-        while not condition():
-            await self._interception_moved.wait()
-
-    async def wait_for(self, waiter_id: int | None, link: AgentConnection) -> Frame | AgentExited:
-        if waiter_id is None:
-            return AgentExited(link.exit_status)
-        waiter = self._waiters[waiter_id] = Waiter()
-        await self.flush_all()
-        return await waiter.wait()
-
-    async def flush_client(self) -> None:
-        try:
-            await self.client_outbox.flush()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            if not self.client_gone:
-                self.client_gone = True
-                self.client_outbox.frames.clear()
-                self._client_went_away.set()
-                log.info("the client went away")
-
-    async def flush_all(self) -> None:
-        await self.flush_client()
-        for link in tuple(self.links.values()):
-            await link.flush()
+    def _intercept(self, token: int, frame: Frame) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self.interceptions.run, token, frame)
 
     # ----------------------------------------------------------------- running
 
@@ -586,13 +330,13 @@ class Bridge:
         with trio.move_on_after(FINAL_DRAIN):
             for link in tuple(self.links.values()):
                 await link.done.wait()
-            await self._until(lambda: not self.router.intercepting)
+            await self.connection.until(lambda: not self.router.intercepting)
         with trio.move_on_after(FINAL_DRAIN):
-            await self.flush_client()
+            await self.connection.flush_client()
             # An answer another task is still writing (it took the frames already) must
             # not be cut off by the cancellation that follows.
             with contextlib.suppress(*WRITE_FAILED):
-                await self.client_outbox.settle()
+                await self.connection.client_outbox.settle()
 
     async def _refuse_client(self, failure: AgentStartError) -> int:
         """The agent cannot start: answer the client's requests with why, until it leaves.
@@ -604,7 +348,7 @@ class Bridge:
         # Only argv[0] is named: the arguments may hold prompt text.
         await refuse_requests(
             self.client_in,
-            self.client_outbox.stream,
+            self.connection.client_outbox.stream,
             failure.error_object(),
             line_limit=self.options.line_limit,
             wait=self.options.shutdown_grace + 3,
@@ -613,7 +357,7 @@ class Bridge:
 
     def _attach(self, process: AgentHandle, hop: int, name: str) -> AgentConnection:
         assert self._nursery is not None
-        link = AgentConnection(self, process, hop, name)
+        link = AgentConnection(self.connection, process, hop, name)
         self.links[hop] = link
         self._nursery.start_soon(self._pump_agent, link)
         return link
@@ -625,8 +369,9 @@ class Bridge:
     def _replayed(self) -> list[tuple[str, Any]]:
         """What a process started after the first gets before it is used."""
         replayed: list[tuple[str, Any]] = []
-        if self.initialize_params is not None:
-            replayed.append(("initialize", self.initialize_params))
+        initialize_params = self.interceptions.initialize_params
+        if initialize_params is not None:
+            replayed.append(("initialize", initialize_params))
         if self.router.authenticate_params is not None:
             replayed.append(("authenticate", self.router.authenticate_params))
         return replayed
@@ -665,7 +410,7 @@ class Bridge:
 
     async def _watch_client_output(self) -> None:
         """A client that closed our stdout is gone even if its end of stdin stays open."""
-        await self._client_went_away.wait()
+        await self.connection.client_went_away.wait()
         await self._shutdown(self._status_after_client_left)
 
     async def _watch_client_hangup(self) -> None:
@@ -677,11 +422,11 @@ class Bridge:
         fd = hangup.descriptor_of(self.client_in)
         if fd is None or not await hangup.wait_hangup(fd):
             return
-        while not self._client_eof.is_set():
-            reads = self._client_reads
+        while not self.connection.client_eof.is_set():
+            reads = self.connection.client_reads
             with trio.move_on_after(CLIENT_HANGUP_STALL):
-                await self._client_eof.wait()
-            if self._client_reads == reads and not self._client_eof.is_set():
+                await self.connection.client_eof.wait()
+            if self.connection.client_reads == reads and not self.connection.client_eof.is_set():
                 log.info("the client left while a write to the agent was blocked")
                 await self._shutdown(self._status_after_client_left)
                 return
@@ -720,7 +465,7 @@ class Bridge:
                     data = await self.client_in.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
-                self._client_reads += 1
+                self.connection.client_reads += 1
                 for item in self._lines(
                     splitter,
                     data,
@@ -732,7 +477,7 @@ class Bridge:
                         self._from_client(item.data)
                     elif isinstance(item, OverlongLine):
                         cut = await route.abandon()
-                        self._answer_client_error(
+                        self.connection.answer_client_error(
                             None if cut is None else _request_id(cut),
                             jsonrpc.INVALID_REQUEST,
                             f"The message is {item.size} bytes, more than the line limit "
@@ -740,9 +485,9 @@ class Bridge:
                         )
                     else:
                         await self._pass_long_line(splitter, route, item)
-                await self.flush_all()
+                await self.connection.flush_all()
                 if not data:
-                    self._client_eof.set()
+                    self.connection.client_eof.set()
                     log.debug("client closed its input")
                     await self._settle()
                     await self._shutdown(self._status_after_client_left)
@@ -750,21 +495,18 @@ class Bridge:
         finally:
             route.release()
 
-    def _answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
-        self._queue(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
-
     def _open_client_line(self, envelope: Envelope) -> tuple[Outbox, int] | None:
         hop = self.router.stream_from_client(envelope)
         return None if hop is None else (self.links[hop].outbox, hop)
 
     def _record_client_line(self, line: LongLine, envelope: Envelope) -> bool:
         recorded = self.router.stream_ended_from_client(line.hop, envelope)
-        self.carry_out()
+        self.connection.carry_out()
         return recorded
 
     def _cut_client_line(self, line: LongLine, error: FrameError) -> None:
         log.warning("cut a long line from the client: %s", error.message)
-        self._answer_client_error(_request_id(line), error.code, error.message)
+        self.connection.answer_client_error(_request_id(line), error.code, error.message)
 
     async def _pass_long_line(
         self, splitter: LineSplitter, route: LongLineRoute, item: LongItem
@@ -841,7 +583,7 @@ class Bridge:
             start = index
             index, frame = pass_notifications(lines, index)
             if index > start:
-                self.carry_out()
+                self.connection.carry_out()
             if index < count:
                 if frame is None:
                     receive_line(lines[index])
@@ -851,7 +593,7 @@ class Bridge:
         return []
 
     def _client_frame(self, frame: Frame) -> None:
-        self.carry_out(self.router.receive_from_client(frame))
+        self.connection.carry_out(self.router.receive_from_client(frame))
 
     async def _settle(self) -> None:
         """Before the agent's input is closed, let what the client sent reach it.
@@ -860,8 +602,8 @@ class Bridge:
         ``initialize``); they are passed on first, within a bound.
         """
         with trio.move_on_after(CLIENT_EOF_SETTLE):
-            await self._until(lambda: self.router.settled)
-            await self.flush_client()
+            await self.connection.until(lambda: self.router.settled)
+            await self.connection.flush_client()
             for link in tuple(self.links.values()):
                 with contextlib.suppress(*WRITE_FAILED):
                     await link.outbox.settle()
@@ -884,9 +626,9 @@ class Bridge:
         envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
         if envelope is not None:
             hop = self.router.pass_whole_from_client(envelope)
-            self.carry_out()
+            self.connection.carry_out()
             if hop is not None:
-                self._queue(hop, raw)
+                self.connection.queue(hop, raw)
                 return
         try:
             frame = jsonrpc.parse(raw)
@@ -897,7 +639,7 @@ class Bridge:
             return
         if self._tracing:
             self.tracer.record("client->bridge", raw, frame.message)
-        self.carry_out(self.router.receive_from_client(frame))
+        self.connection.carry_out(self.router.receive_from_client(frame))
 
     def _unparsed_from_client(self, raw: bytes, error: FrameError, *, tried_whole: bool) -> None:
         """A client line json's decoder did not read. Judged again without building it:
@@ -909,12 +651,12 @@ class Bridge:
             error = fault
         elif isinstance(error, jsonrpc.NestedTooDeeply):
             hop = None if tried_whole else self.router.pass_whole_from_client(envelope)
-            self.carry_out()
+            self.connection.carry_out()
             if hop is not None:
-                self._queue(hop, raw)
+                self.connection.queue(hop, raw)
                 return
             error = FrameError(error.code, error.message, envelope.request_id())
-        self._answer_client_error(error.request_id, error.code, error.message)
+        self.connection.answer_client_error(error.request_id, error.code, error.message)
 
     # ------------------------------------------------------------- agent side
 
@@ -987,47 +729,47 @@ class Bridge:
                 elif isinstance(item, OverlongLine):
                     if (cut := await route.abandon()) is not None:
                         self.router.agent_line_refused(link.hop, cut.validator.envelope)
-                        self.carry_out()
+                        self.connection.carry_out()
                     log.warning(
                         "%s: dropped a %d-byte line over the line limit", link.name, item.size
                     )
                 else:
                     await self._pass_long_line(splitter, route, item)
             # An agent pump writes only to the client.
-            await self.flush_client()
+            await self.connection.flush_client()
             if not data:
                 break
 
     def _open_agent_line(
         self, link: AgentConnection, envelope: Envelope
     ) -> tuple[Outbox, int] | None:
-        if self.client_gone or not self.router.stream_from_agent(link.hop, envelope):
+        if self.connection.client_gone or not self.router.stream_from_agent(link.hop, envelope):
             return None
-        return self.client_outbox, CLIENT
+        return self.connection.client_outbox, CLIENT
 
     def _record_agent_line(
         self, link: AgentConnection, _line: LongLine, envelope: Envelope
     ) -> bool:
         recorded = self.router.stream_ended_from_agent(link.hop, envelope)
-        self.carry_out()
+        self.connection.carry_out()
         return recorded
 
     def _cut_agent_line(self, link: AgentConnection, line: LongLine, error: FrameError) -> None:
         log.warning("%s: cut a long line that is not JSON-RPC: %s", link.name, error.message)
         self.router.agent_line_refused(link.hop, line.validator.envelope)
-        self.carry_out()
+        self.connection.carry_out()
 
     def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
-        self.carry_out(self.router.receive_from_agent(link.hop, frame))
+        self.connection.carry_out(self.router.receive_from_agent(link.hop, frame))
 
     def _from_agent(self, link: AgentConnection, raw: bytes) -> None:
         if not raw or raw.isspace():
             return
         envelope = self._whole_long_line(raw) if len(raw) >= self._long_after else None
         passed = envelope is not None and self.router.pass_whole_from_agent(link.hop, envelope)
-        self.carry_out()
+        self.connection.carry_out()
         if passed:
-            self._queue(CLIENT, raw)
+            self.connection.queue(CLIENT, raw)
             return
         try:
             frame = jsonrpc.parse(raw)
@@ -1036,7 +778,7 @@ class Bridge:
             return
         if self._tracing:
             self.tracer.record(f"{link.name}->bridge", raw, frame.message)
-        self.carry_out(self.router.receive_from_agent(link.hop, frame))
+        self.connection.carry_out(self.router.receive_from_agent(link.hop, frame))
 
     def _unparsed_from_agent(
         self, link: AgentConnection, raw: bytes, error: FrameError, *, tried_whole: bool
@@ -1047,21 +789,21 @@ class Bridge:
         envelope, fault = json_stream.judge(raw)
         if fault is None and isinstance(error, jsonrpc.NestedTooDeeply):
             passed = not tried_whole and self.router.pass_whole_from_agent(link.hop, envelope)
-            self.carry_out()
+            self.connection.carry_out()
             if passed:
                 if self._tracing:
                     self.tracer.record(f"{link.name}->bridge", raw, None)
-                self._queue(CLIENT, raw)
+                self.connection.queue(CLIENT, raw)
                 return
             log.warning("%s: dropped a line: %s", link.name, error.message)
             self.router.agent_line_refused(link.hop, envelope, error.message)
-            self.carry_out()
+            self.connection.carry_out()
             return
         preview = raw[:200].decode(errors="replace")
         reason = (fault or error).message
         log.warning("%s: dropped a line that is not JSON-RPC (%s): %s", link.name, reason, preview)
         self.router.agent_line_refused(link.hop, envelope)
-        self.carry_out()
+        self.connection.carry_out()
 
     async def _agent_gone(self, link: AgentConnection) -> None:
         with trio.move_on_after(self.options.shutdown_grace):
@@ -1081,8 +823,8 @@ class Bridge:
             describe_exit(link.exit_status),
         )
         link.closed = True
-        self.carry_out(self.router.hop_closed(link.hop, link.exit_status))
-        await self.flush_client()
+        self.connection.carry_out(self.router.hop_closed(link.hop, link.exit_status))
+        await self.connection.flush_client()
         link.done.set()
         if link.hop == PRIMARY:
             status = exit_status(link.exit_status)
@@ -1094,136 +836,3 @@ class Bridge:
         with trio.CancelScope(shield=True), contextlib.suppress(*WRITE_FAILED):
             await link.process.stdout.aclose()
         self.agents.forget(link.process)
-
-    # ------------------------------------------------------- intercepted calls
-
-    async def _intercept(self, token: int, frame: Frame) -> None:
-        try:
-            reply = await self._handle(token, frame)
-        except Exception as exc:
-            log.exception("handling %s failed", frame.method)
-            reply = Reply.internal(f"The bridge failed to handle {frame.method}.", str(exc))
-        self.carry_out(self.router.answer(token, self._encode_reply(frame, reply)))
-        self.interception_moved()
-        await self.flush_all()
-
-    @staticmethod
-    def _encode_reply(frame: Frame, reply: Reply) -> bytes:
-        if reply.frame_bytes is not None:
-            return reply.frame_bytes
-        if reply.error is not None:
-            return jsonrpc.encode(jsonrpc.error_answer(frame.id, reply.error))
-        return jsonrpc.encode(jsonrpc.result_response(frame.id, reply.result))
-
-    def _route_link(self, frame: Frame) -> AgentConnection:
-        return self.links[self.router.hop_for(frame.message)]
-
-    async def _handle(self, token: int, frame: Frame) -> Reply:
-        link = self._route_link(frame)
-        if frame.method == "initialize":
-            return await self._initialize(Call(self, token, frame, link))
-        assert self.adapter is not None
-        method = frame.method or ""
-        # What the named session (for fork: the parent) has been running with.
-        named = self.sessions.reads(method, frame.params)
-        stored = None if named is None else await self._store(self.lifecycle.get, named)
-        try:
-            step = self.sessions.begin(method, frame.params, stored)
-        except PromptRejected as rejected:
-            return Reply(error=rejected.error())
-        call = Call(self, token, frame, link, step)
-        hook = getattr(self.adapter, HOOKS[call.method])
-        reply: Reply = await hook(call)
-        return await self._record(call, step, reply)
-
-    async def _initialize(self, call: Call) -> Reply:
-        self.initialize_params = call.frame.params
-        reply = await call.forward()
-        result = reply.result
-        if not reply.ok or not isinstance(result, dict):
-            return reply
-        self.primary.initialize_result = result
-        if self.adapter is None:
-            self._choose_adapter(result)
-        assert self.adapter is not None
-        # Each adapter names the wire forms it puts the prompt in, for the trace to hide.
-        self.tracer.redactor = self.adapter.redact
-        delivery, advertised = capabilities.initialize_answer(
-            self.adapter, result, allow_override=self.options.allow_override
-        )
-        self.router.configure(
-            intercepted=self.sessions.initialized(
-                result, delivery, intercepts_prompt=self.adapter.intercepts_prompt
-            )
-        )
-        self.lifecycle.agent = self.sessions.agent
-        log.info("adapter %s; delivery %s", self.adapter.name, delivery)
-        if advertised is None:
-            return reply
-        return reply.with_result(advertised)
-
-    def _choose_adapter(self, initialize_result: JsonObject) -> None:
-        if self.options.adapter == AUTO:
-            adapter_class = self.registry.choose(initialize_result)
-        else:
-            adapter_class = self.registry.get(self.options.adapter)
-        self.adapter = adapter_class(
-            LentContext(
-                self.agents,
-                live=lambda: self.sessions.live,
-                place=self.router.place,
-                unplace=self.router.unplace,
-                start_soon=self.start_soon,
-                adapter_options=self.options.adapter_options,
-                log=log,
-            )
-        )
-
-    async def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
-        """A call into the session store: off the event loop when it may wait on another
-        process's lock, in place for an in-memory store (a thread would only add latency)."""
-        if not self.lifecycle.store.may_wait:
-            return operation(*args)
-        return await trio.to_thread.run_sync(operation, *args)
-
-    async def _record(self, call: Call, step: Step, reply: Reply) -> Reply:
-        """Store what the session table says the answer changed; if that fails, no session
-        the agent opened for this request may be left open."""
-        outcome = self.sessions.answered(
-            step, result=reply.result, error=reply.error, delivered_now=call.delivered_now
-        )
-        if outcome.writes:
-            try:
-                await self._store(self.lifecycle.apply, *outcome.writes)
-            except StoreError as exc:
-                log.error("%s: %s", call.method, exc)
-                link = call.forwarded_to or call.link
-                failed = self.sessions.record_failed(
-                    outcome, str(exc), link.initialize_result or {}
-                )
-                if failed.withdraw is not None:
-                    await self._withdraw(link, failed.withdraw)
-                return Reply(error=failed.error)
-        self.sessions.recorded(outcome)
-        return reply
-
-    async def _withdraw(self, link: AgentConnection, withdraw: Withdraw) -> None:
-        """End a session the agent opened for a request whose recording then failed."""
-        for method in withdraw.methods:
-            try:
-                await link.request(method, withdraw.params)
-                return
-            except AgentExited:
-                return  # the session went with the process
-            except AgentError as exc:
-                if withdraw.done(exc.error):
-                    return
-                log.warning("%s of session %s failed: %s", method, withdraw.session_id, exc)
-        if withdraw.methods:
-            log.warning("session %s stays open in the agent", withdraw.session_id)
-        else:
-            log.warning(
-                "session %s stays open in the agent: it offers neither session/close "
-                "nor session/delete",
-                withdraw.session_id,
-            )
