@@ -41,7 +41,7 @@ from trio.lowlevel import FdStream, wait_readable, wait_writable
 
 from acp_bridge.wire.json_stream import LineValidator
 
-READ_CHUNK: Final = 128 * 1024  # the bridge's (relay.READ_CHUNK)
+READ_CHUNK: Final = 128 * 1024  # the bridge's (pumps.READ_CHUNK)
 PIPE_SIZE: Final = 1 << 20  # what the bridge widens its pipes to
 NONBLOCK: Final = 2  # SPLICE_F_NONBLOCK
 
