@@ -34,7 +34,9 @@ from acp_bridge.adapter import Adapter
 from acp_bridge.runtime import early_initialize
 
 INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
-SESSION_NEW = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
+SESSION_NEW = (
+    b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}\n'
+)
 CLAUDE = "@agentclientprotocol/claude-agent-acp"
 ANSWERED = "initialize before the bridge loaded: answered"
 BEGUN = "initialize before the bridge loaded: forwarded"
@@ -261,7 +263,9 @@ def test_the_early_answer_is_the_usual_one(
 
 @pytest.mark.parametrize("name", [CLAUDE, "goose", "plain"])
 def test_a_version_2_initialize(tmp_path: Path, bridge_env: dict[str, str], name: str) -> None:
-    initialize = b'{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":2}}\n'
+    initialize = (
+        b'{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"protocolVersion":2}}\n'
+    )
     early, _ = both_ways(
         tmp_path, bridge_env, fake_agent("--name", name, "--caps", '{"session":{}}'),
         [initialize, 1, "close"],
@@ -403,9 +407,7 @@ def test_a_client_that_sends_nothing(tmp_path: Path, bridge_env: dict[str, str])
     both_ways(tmp_path, bridge_env, fake_agent("--name", CLAUDE), ["close"])
 
 
-def test_the_trace_records_the_early_initialize(
-    tmp_path: Path, bridge_env: dict[str, str]
-) -> None:
+def test_the_trace_records_the_early_initialize(tmp_path: Path, bridge_env: dict[str, str]) -> None:
     trace = tmp_path / "trace.jsonl"
     early = run_bridge(
         tmp_path / "early", bridge_env, fake_agent("--name", CLAUDE),
@@ -441,8 +443,7 @@ def test_sigterm_while_waiting_for_the_agent_leaves_nothing_behind(
 ) -> None:
     pidfile = tmp_path / "agent.pid"
     script = (
-        "import os, sys\n"
-        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n" + NEVER_ANSWERS
+        f"import os, sys\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n" + NEVER_ANSWERS
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--",
@@ -603,11 +604,23 @@ def test_the_automatic_choice_imports_only_the_chosen_adapter_before_the_answer(
     assert done.stdout.decode().strip() == expected
 
 
-def test_the_early_context_offers_the_adapter_context_interface_and_nothing_else() -> None:
+def test_the_early_answer_lends_the_adapter_the_runtimes_one_context() -> None:
     from acp_bridge.adapter import AdapterContext
+    from acp_bridge.runtime.adapter_context import LentContext
 
     interface = {name for name in vars(AdapterContext) if not name.startswith("_")}
     interface |= set(AdapterContext.__annotations__)
-    context = early_initialize._EarlyContext()
+    context = early_initialize.early_context()
+    assert type(context) is LentContext
     assert {name for name in dir(context) if not name.startswith("_")} == interface
     assert context.live_sessions() == set() and context.adapter_options("claude") == {}
+    assert context.agent_environment() == dict(os.environ)
+    # No process is running yet: an adapter that asks for one leaves the answer to the runtime.
+    with pytest.raises(early_initialize._NotYet):
+        context.primary  # noqa: B018
+
+    async def background() -> None:
+        pass
+
+    with pytest.raises(early_initialize._NotYet):
+        context.start_soon(background)

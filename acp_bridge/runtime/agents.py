@@ -1,28 +1,23 @@
-"""The agent processes of one client connection, and what an adapter is lent.
+"""The agent processes of one client connection.
 
 :class:`Agents` owns the processes: starting them through an injectable *spawner* (by
 default :meth:`AgentProcess.start`, so tests can run coroutine agents over memory streams),
 replaying the client's ``initialize`` and ``authenticate`` to each process started after
 the first, stopping one, and stopping all of them in order at shutdown. Reading what a
-process writes and writing to it is the connection's job (:mod:`acp_bridge.runtime.relay`),
-which hands each started process to :class:`Agents` as a link.
-
-:class:`LentContext` is the one implementation of ``AdapterContext``
-(:mod:`acp_bridge.adapter`) in the runtime: an adapter reaches processes and options
-through it, and nothing else of the bridge (the early ``initialize`` path has its own,
-which offers no processes).
+process writes is :mod:`acp_bridge.runtime.pumps`' job and writing to it
+:mod:`acp_bridge.runtime.connection`'s; the relay hands each started process to
+:class:`Agents` as a link. An adapter reaches them through
+:class:`~acp_bridge.runtime.adapter_context.LentContext`, lent over :class:`Agents`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
-from acp_bridge.adapter import AgentError, AgentExited, AgentLink
+from acp_bridge.adapter import AgentError, AgentExited
 from acp_bridge.core.router import PRIMARY
 from acp_bridge.supervision.agent_process import AgentProcess
 from acp_bridge.wire.jsonrpc import JsonObject
@@ -167,80 +162,3 @@ class Agents(Generic[L]):
             async with trio.open_nursery() as nursery:
                 for process in pending:
                     nursery.start_soon(process.stop, self.grace)
-
-
-class LentContext:
-    """What the runtime lends an adapter (implements ``AdapterContext``), and nothing else
-    of the bridge: through it an adapter cannot reach the router, the store or the pumps."""
-
-    __slots__ = (
-        "_adapter_options",
-        "_agents",
-        "_live",
-        "_place",
-        "_start_soon",
-        "_unplace",
-        "log",
-    )
-
-    def __init__(
-        self,
-        agents: Agents[Any],
-        *,
-        live: Callable[[], Iterable[str]],
-        place: Callable[[str, int], None],
-        unplace: Callable[[str], None],
-        start_soon: Callable[..., None],
-        adapter_options: Mapping[str, Mapping[str, Any]],
-        log: logging.Logger,
-    ) -> None:
-        self._agents = agents
-        self._live = live
-        # Where a session lives, as values for the router's table (it calls no adapter).
-        self._place = place
-        self._unplace = unplace
-        self._start_soon = start_soon
-        self._adapter_options = adapter_options
-        self.log = log
-
-    @property
-    def primary(self) -> AgentLink:
-        link: AgentLink = self._agents.primary
-        return link
-
-    def live_sessions(self) -> set[str]:
-        return set(self._live())
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return {**os.environ, **self._agents.env}
-
-    async def spawn_agent(
-        self,
-        extra_args: Sequence[str] = (),
-        extra_env: dict[str, str] | None = None,
-        private_files: Sequence[str] = (),
-    ) -> AgentLink:
-        link: AgentLink = await self._agents.spawn(extra_args, extra_env, private_files)
-        return link
-
-    async def stop_agent(self, link: AgentLink) -> None:
-        await self._agents.stop(self._own(link, "stop_agent"))
-
-    def place_session(self, session_id: str, link: AgentLink) -> None:
-        self._place(session_id, self._own(link, "place_session").hop)
-
-    def unplace_session(self, session_id: str) -> None:
-        self._unplace(session_id)
-
-    def _own(self, link: AgentLink, asked: str) -> Any:
-        """The bridge's own connection that ``link`` is; anything else is refused."""
-        mine = next((own for own in self._agents.links.values() if own is link), None)
-        if mine is None:
-            raise TypeError(f"{asked}() got a link this bridge did not make: {link!r}")
-        return mine
-
-    def start_soon(self, async_fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        self._start_soon(async_fn, *args)
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        return self._adapter_options.get(adapter, {})

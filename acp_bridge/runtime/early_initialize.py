@@ -40,17 +40,18 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from acp_bridge import builtin_adapters
 from acp_bridge.core import capabilities
+from acp_bridge.runtime.adapter_context import LentContext
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import FrameError, JsonObject, Kind
 
 if TYPE_CHECKING:
-    from acp_bridge.adapter import Adapter, AgentLink
+    from acp_bridge.adapter import Adapter
 
 # A first line (the client's, or the agent's answer) longer than this is left to the
 # runtime, which applies the configured line limit to it. Real ``initialize`` lines are
@@ -102,54 +103,53 @@ class Exchange:
         return "forwarded" if self.to_agent else "read"
 
 
-class _EarlyContext:
-    """What an adapter gets while its delivery is asked: nothing beyond a logger.
+class _NotYet(Exception):
+    """An adapter asked for an agent process while the answer was computed."""
 
-    The adapter made with it only says what it delivers and advertises; the runtime makes
-    its own with the real connection. Anything else an adapter might ask for now fails,
-    and the exchange leaves the answer to the runtime.
-    """
 
-    def __init__(self) -> None:
-        self.log = logging.getLogger("acp_bridge")
+def _not_yet(*_args: Any) -> NoReturn:
+    raise _NotYet
+
+
+class _NoAgents:
+    """The agent processes as the early answer lends them: none yet. The agent started
+    early is the runtime's to adopt; an adapter asking for it, or for another, fails, and
+    the exchange leaves the answer to the runtime (the ``Lender`` of
+    :mod:`~acp_bridge.runtime.adapter_context`)."""
+
+    env: Mapping[str, str] = {}
+    links: Mapping[int, Any] = {}
 
     @property
-    def primary(self) -> AgentLink:
+    def primary(self) -> Any:
         raise _NotYet
 
-    def live_sessions(self) -> set[str]:
-        return set()
-
-    def agent_environment(self) -> Mapping[str, str]:
-        return dict(os.environ)
-
-    async def spawn_agent(
+    async def spawn(
         self,
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         private_files: Sequence[str] = (),
-    ) -> AgentLink:
+    ) -> Any:
         raise _NotYet
 
-    async def stop_agent(self, link: AgentLink) -> None:
+    async def stop(self, link: Any) -> None:
         raise _NotYet
 
-    def place_session(self, session_id: str, link: AgentLink) -> None:
-        raise _NotYet
 
-    def unplace_session(self, session_id: str) -> None:
-        raise _NotYet
-
-    def start_soon(self, async_fn: Callable[..., Any], *args: Any) -> None:
-        raise _NotYet
-
-    def adapter_options(self, adapter: str) -> Mapping[str, Any]:
-        # Only without a configuration file does the exchange run: no options are set.
-        return {}
-
-
-class _NotYet(Exception):
-    """An adapter asked for the connection while the answer was computed."""
+def early_context() -> LentContext:
+    """What an adapter is lent while its delivery is asked: the runtime's own context over
+    no process yet, no live session and no options (the exchange runs only without a
+    configuration file). The adapter made with it only says what it delivers and
+    advertises; the runtime makes its own with the real connection."""
+    return LentContext(
+        _NoAgents(),
+        live=tuple,
+        place=_not_yet,
+        unplace=_not_yet,
+        start_soon=_not_yet,
+        adapter_options={},
+        log=logging.getLogger("acp_bridge"),
+    )
 
 
 class _Loader:
@@ -362,7 +362,7 @@ def _client_answer(
         chosen = registry.builtin(
             builtin_adapters.choose(capabilities.agent_name(result), advertises)
         )
-    adapter = chosen(_EarlyContext())
+    adapter = chosen(early_context())
     _, advertised = capabilities.initialize_answer(adapter, result, allow_override=allow_override)
     if advertised is None:
         return response.raw

@@ -23,7 +23,8 @@ from acp_bridge.core import capabilities
 from acp_bridge.core.sessions import SessionTable, Step, Withdraw
 from acp_bridge.core.system_prompt import PromptRejected, SystemPrompt
 from acp_bridge.registry import AUTO, AdapterRegistry
-from acp_bridge.runtime.agents import Agents, LentContext
+from acp_bridge.runtime.adapter_context import LentContext
+from acp_bridge.runtime.agents import Agents
 from acp_bridge.runtime.connection import AgentConnection, Connection
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.state.lifecycle import Lifecycle
