@@ -154,7 +154,7 @@ def pipeline(seconds: float) -> None:
     chunk = line * (65536 // len(line))
     frames = chunk.count(b"\n")
 
-    # The runtime takes what the router has to send after every call (Bridge.carry_out).
+    # The runtime takes what the router has to send after every call (Connection.carry_out).
     router = Router()
 
     def router_parse(data: bytes) -> None:
@@ -172,7 +172,7 @@ def pipeline(seconds: float) -> None:
             jsonrpc.parse(item.data)  # type: ignore[union-attr]
 
     def fast_path(data: bytes) -> None:
-        # As the runtime's Bridge._lines does it; every line here is a plain notification.
+        # As the runtime's Pumps._lines does it; every line here is a plain notification.
         lines = LineSplitter().feed_short(data)
         assert lines is not None
         index = 0
