@@ -17,8 +17,9 @@ import trio
 import trio.testing
 from test_runtime import bridge_over_memory
 
+from acp_bridge.core.long_lines import LongLines
 from acp_bridge.core.pending import ForWaiter
-from acp_bridge.core.router import PRIMARY, Router
+from acp_bridge.core.router import CLIENT, PRIMARY, Router
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.framing import DEFAULT_STREAM_AFTER as STREAM_AFTER
 from acp_bridge.wire.framing import (
@@ -120,23 +121,23 @@ def sinkless() -> tuple[Router, list[tuple[int, bytes]]]:
 )
 def test_which_client_lines_may_pass_as_they_come(prefix: bytes, streams: bool) -> None:
     router, _ = sinkless()
-    assert (router.stream_from_client(envelope_of(prefix)) == PRIMARY) is streams
+    assert (LongLines(router).receiver(CLIENT, envelope_of(prefix)) == PRIMARY) is streams
 
 
 def test_no_client_line_passes_early_while_the_gate_holds_or_an_id_would_change() -> None:
     prefix = b'{"jsonrpc":"2.0","id":"acp-bridge-1","method":"x","params":{"c":"xx'
     router, _ = sinkless()
     router.request(PRIMARY, "own/request", {})  # in flight as acp-bridge-1
-    assert router.stream_from_client(envelope_of(prefix)) is None
+    assert LongLines(router).receiver(CLIENT, envelope_of(prefix)) is None
     router, _ = sinkless()
     router.add_hop()  # two processes: where it goes depends on its params
-    assert router.stream_from_client(envelope_of(prefix)) is None
+    assert LongLines(router).receiver(CLIENT, envelope_of(prefix)) is None
     router, _ = sinkless()
     router.receive_from_client(
         jsonrpc.parse(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}')
     )
     assert router.gate.active
-    assert router.stream_from_client(envelope_of(prefix)) is None
+    assert LongLines(router).receiver(CLIENT, envelope_of(prefix)) is None
 
 
 def test_an_answer_the_bridge_waits_for_is_never_passed_early() -> None:
@@ -144,7 +145,7 @@ def test_an_answer_the_bridge_waits_for_is_never_passed_early() -> None:
     router.request(PRIMARY, "own/request", {})
     assert isinstance(router.hops[PRIMARY].pending.get("acp-bridge-1"), ForWaiter)
     prefix = b'{"jsonrpc":"2.0","id":"acp-bridge-1","result":{"c":"xx'
-    assert not router.stream_from_agent(PRIMARY, envelope_of(prefix))
+    assert LongLines(router).receiver(PRIMARY, envelope_of(prefix)) is None
 
 
 def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() -> None:
@@ -152,9 +153,9 @@ def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() ->
     line = b'{"jsonrpc":"2.0","method":"x","params":{"c":"' + b"y" * 100 + b'"},"id":9}'
     validator = LineValidator()
     validator.feed(line[:40])
-    assert router.stream_from_client(validator.envelope) == PRIMARY
+    assert LongLines(router).receiver(CLIENT, validator.envelope) == PRIMARY
     validator.feed(line[40:])
-    assert router.stream_ended_from_client(PRIMARY, validator.finish())
+    assert LongLines(router).record(CLIENT, PRIMARY, validator.finish())
     sent.extend((send.peer, send.raw) for send in router.data_to_send())
     assert sent == []  # the runtime writes the bytes; the router only records the request
     router.receive_from_agent(PRIMARY, jsonrpc.parse(b'{"jsonrpc":"2.0","id":9,"result":{}}'))

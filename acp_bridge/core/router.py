@@ -143,15 +143,6 @@ def _member_kind(message: Any) -> Kind | jsonrpc.FrameError:
         return exc
 
 
-def _is_message(envelope: Envelope) -> bool:
-    """Whether a complete line's envelope is a single JSON-RPC message."""
-    try:
-        envelope.kind()
-    except jsonrpc.FrameError:
-        return False
-    return True
-
-
 class Router:
     """Routes the frames of one client connection to and from its agent processes."""
 
@@ -223,7 +214,7 @@ class Router:
         for origin in state.pending.drain():
             if isinstance(origin, FromClient):
                 self._client_inflight.pop(origin.client_id, None)
-                self._answer_error(
+                self.answer_error(
                     origin.client_id,
                     jsonrpc.INTERNAL_ERROR,
                     describe_exit(status),
@@ -324,7 +315,7 @@ class Router:
         hop = self.hop_for(message)
         state = self.hops[hop]
         if state.closed:
-            self._answer_error(
+            self.answer_error(
                 client_id,
                 jsonrpc.INTERNAL_ERROR,
                 describe_exit(state.status),
@@ -411,7 +402,7 @@ class Router:
                 # readable one): nothing but JSON-RPC reaches the agent, and the batch's
                 # other members still go.
                 assert isinstance(kind, jsonrpc.FrameError)
-                self._answer_error(
+                self.answer_error(
                     kind.request_id,
                     jsonrpc.INVALID_REQUEST,
                     f"A batch member is not a JSON-RPC message: {kind.message}",
@@ -430,80 +421,53 @@ class Router:
         for hop, group in groups.items():
             self._send(hop, jsonrpc.encode(group))
 
-    def _answer_error(
+    def answer_error(
         self, request_id: RequestId, code: int, message: str, data: Any = None
     ) -> None:
+        """Queue an error answer to the client's request ``request_id``."""
         self._send(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message, data)))
 
-    # ---------------------------------------------------------------- long lines
+    # ------------------------------------- lines passed on by the runtime as they came
 
-    def stream_from_client(self, envelope: Envelope) -> int | None:
-        """Whether a client line still arriving may be passed on as it comes: the hop it
-        goes to, or None (it is gathered whole and received as usual).
-
-        Only a line the router would pass on unchanged, to the one agent process, without
-        holding it: not an intercepted method, no id to translate, nothing waiting.
-        """
-        if len(self.hops) != 1 or self.gate.active or self.hops[PRIMARY].closed:
-            return None
-        if not self._streamable_from_client(envelope.members, envelope.open_member):
-            return None
-        return PRIMARY
-
-    def _streamable_from_client(self, members: JsonObject, open_member: str | None) -> bool:
-        request_id = members.get("id")
-        if "id" in members and not is_request_id(request_id):
-            return False
-        if open_member == "params":
-            method = members.get("method")
-            return (
-                type(method) is str
-                and method not in self.intercepted
-                and method not in (CANCEL_REQUEST, "authenticate")
-                and request_id not in self.hops[PRIMARY].pending
-            )
-        if open_member in ("result", "error") and "id" in members and "method" not in members:
-            target = self._agent_requests.get(request_id)
-            return target is None or target == (PRIMARY, request_id)
-        return False
-
-    def stream_ended_from_client(self, hop: int, envelope: Envelope) -> bool:
-        """A client line passed on as it came is complete and valid JSON: record it as if it
-        had come whole. False: it cannot go on unchanged after all (a member after the
-        large one changed what it is); the caller cuts it and answers the client."""
-        kind = envelope.kind()
-        message = envelope.skeleton()
-        if hop != PRIMARY or len(self.hops) != 1:
-            return False
-        if kind is Kind.REQUEST or kind is Kind.NOTIFICATION:
-            if not self._streamable_from_client(message, "params"):
-                return False
-            routed = (
-                self._client_request(message)
-                if kind is Kind.REQUEST
-                else self._client_notification(message)
-            )
+    def record_from_client(self, kind: Kind, message: JsonObject) -> tuple[int, bool] | None:
+        """Take a client message whose bytes the runtime passes on itself (a long line,
+        :mod:`acp_bridge.core.long_lines`) into the tables as if it had come whole: the
+        hop it goes to and whether the router would change it; None: answered or dropped."""
+        if kind is Kind.REQUEST:
+            routed = self._client_request(message)
+        elif kind is Kind.NOTIFICATION:
+            routed = self._client_notification(message)
         else:
-            if not self._streamable_from_client(message, "result"):
-                return False
             routed = self._client_response(message)
-        return routed is None or (routed[0] == hop and not routed[2])
+        return None if routed is None else (routed[0], routed[2])
 
-    def pass_whole_from_client(self, envelope: Envelope) -> int | None:
-        """A long client line that arrived whole, judged valid JSON without being decoded:
-        if it goes on unchanged, record it and return its hop; None: decode and receive it
-        the usual way."""
-        if self.gate.active or self.hops[PRIMARY].closed or not _is_message(envelope):
-            return None
-        return PRIMARY if self.stream_ended_from_client(PRIMARY, envelope) else None
+    def record_from_agent(self, hop: int, kind: Kind, message: JsonObject) -> bool | None:
+        """The same for an agent message: whether the router would change it; None:
+        dropped (an answer to no pending request)."""
+        routed: tuple[Any, bool] | None
+        if kind is Kind.RESPONSE:
+            routed = self._agent_response(hop, message, None, [])
+        elif kind is Kind.REQUEST:
+            routed = self._agent_request(hop, message)
+        else:
+            routed = self._agent_notification(hop, message)
+        return None if routed is None else routed[1]
 
-    def pass_whole_from_agent(self, hop: int, envelope: Envelope) -> bool:
-        """The same for a long agent line: True if it was recorded and goes on unchanged."""
-        return (
-            hop not in self._held
-            and _is_message(envelope)
-            and self.stream_ended_from_agent(hop, envelope)
-        )
+    def agent_request(self, client_id: Any) -> tuple[int, RequestId] | None:
+        """The hop and own id of the agent request the client knows as ``client_id``."""
+        return self._agent_requests.get(client_id)
+
+    def is_client_facing(self, request_id: Any) -> bool:
+        """Whether ``request_id`` names an agent request the client has been sent."""
+        return request_id in self._client_facing
+
+    def answers_client(self, hop: int, wire_id: Any) -> bool:
+        """Whether ``wire_id`` on ``hop`` is a client request, pending under its own id."""
+        return self.hops[hop].pending.get(wire_id) == FromClient(wire_id)
+
+    def holding_for_client(self, hop: int) -> bool:
+        """Whether frames of ``hop`` for the client may have to wait behind an answer."""
+        return hop in self._held
 
     def agent_line_refused(
         self,
@@ -527,49 +491,7 @@ class Router:
         self.hops[hop].pending.resolve(wire_id)
         if self._client_inflight.get(origin.client_id) == (hop, wire_id):
             del self._client_inflight[origin.client_id]
-        self._answer_error(origin.client_id, jsonrpc.INTERNAL_ERROR, message)
-
-    def stream_from_agent(self, hop: int, envelope: Envelope) -> bool:
-        """Whether an agent line still arriving may be passed on to the client as it comes."""
-        return hop not in self._held and self._streamable_from_agent(
-            hop, envelope.members, envelope.open_member
-        )
-
-    def _streamable_from_agent(
-        self, hop: int, members: JsonObject, open_member: str | None
-    ) -> bool:
-        request_id = members.get("id")
-        if "id" in members and not is_request_id(request_id):
-            return False
-        if open_member == "params":
-            return (
-                type(members.get("method")) is str
-                and members["method"] != CANCEL_REQUEST
-                and request_id not in self._client_facing
-            )
-        if open_member in ("result", "error") and "id" in members and "method" not in members:
-            # Only the answer to a client request still pending (one that is not is dropped
-            # whole, so it must be gathered whole).
-            return self.hops[hop].pending.get(request_id) == FromClient(request_id)
-        return False
-
-    def stream_ended_from_agent(self, hop: int, envelope: Envelope) -> bool:
-        """An agent line passed on as it came is complete and valid JSON: record it. False:
-        it cannot go on unchanged after all; the caller cuts it."""
-        kind = envelope.kind()
-        message = envelope.skeleton()
-        if kind is Kind.RESPONSE:
-            if not self._streamable_from_agent(hop, message, "result"):
-                return False
-            routed = self._agent_response(hop, message, None, [])
-        elif self._streamable_from_agent(hop, message, "params"):
-            if kind is Kind.REQUEST:
-                routed = self._agent_request(hop, message)
-            else:
-                routed = self._agent_notification(hop, message)
-        else:
-            return False
-        return routed is not None and not routed[1]
+        self.answer_error(origin.client_id, jsonrpc.INTERNAL_ERROR, message)
 
     # ------------------------------------------------------------ interceptions
 
