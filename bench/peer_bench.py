@@ -1,6 +1,7 @@
 """acp-bridge beside its peer, the TypeScript ACP conductor, measured in one run.
 
     python bench/peer_bench.py [--rounds 5] [--quick] [--only FIGURE ...] [--pool]
+                               [--bridge-python PYTHON]
 
 Four ways for a client to reach the same agent, each measured in the same run, interleaved
 (every figure takes one fresh process per path per round; the order of the paths turns
@@ -8,7 +9,11 @@ from round to round):
 
 * **direct**: the agent itself;
 * **bridge**: ``python -m acp_bridge`` in front of it (the ``passthrough`` adapter for the
-  echo agent, the adapter it picks itself for claude-agent-acp);
+  echo agent, the adapter it picks itself for claude-agent-acp); ``--bridge-python`` names
+  the interpreter (default: this one). An editable install (``pip install -e``) adds its
+  import finder to every start of that interpreter; a user's install has none, so the
+  start figures are best taken with a regular install (``pip install .`` into a venv of
+  its own);
 * **conductor**: ``@thinkwell/conductor@0.5.7`` made a stdio pass-through by
   ``bench/conductor_stdio.mjs`` (installed from npm into the agent cache by this script);
 * **raw**: ``bench/raw_relay.py``, trio copying bytes without reading them, the floor for
@@ -302,16 +307,17 @@ class Setup:
     claude: list[str]
     claude_env: dict[str, str]
     claude_cwd: Path
+    bridge_python: str = sys.executable
 
     def argv(self, path: str, agent: list[str], bridge_options: Sequence[str]) -> list[str]:
         if path == "direct":
             return agent
         if path == "bridge":
-            return [sys.executable, "-m", "acp_bridge", "--state", ":memory:",
+            return [self.bridge_python, "-m", "acp_bridge", "--state", ":memory:",
                     "--log-level", "error", *bridge_options, "--", *agent]  # fmt: skip
         if path == "conductor":
             return [shutil.which("node") or "node", "conductor_stdio.mjs", *agent]
-        return [sys.executable, str(RAW_RELAY), *agent]
+        return [self.bridge_python, str(RAW_RELAY), *agent]
 
 
 @dataclass
@@ -477,6 +483,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  "slow", "claude"])  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="time each measurement")
     parser.add_argument("--pool", action="store_true", help="also run bench/pool_bench.py")
+    parser.add_argument("--bridge-python", default=sys.executable, metavar="PYTHON",
+                        help="the interpreter that runs the bridge (default: this one)")
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 5
@@ -488,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         work = Path(tmp)
         env = {**os.environ, "XDG_CONFIG_HOME": tmp, "XDG_STATE_HOME": tmp}
         with claude_setup(work) as (claude, claude_env, claude_cwd):
-            setup = Setup(env, conductor_dir, claude, claude_env, claude_cwd)
+            setup = Setup(env, conductor_dir, claude, claude_env, claude_cwd, args.bridge_python)
             if not args.only or "claude" in args.only:
                 # One untimed turn: the first start of node and Claude Code reads from disk.
                 warm_up = Peer(claude, claude_env)
@@ -501,11 +509,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"python {sys.version.split()[0]}, node {node_version()}, {os.cpu_count()} CPUs; "
           f"load average (1/5/15 min) before {fmt_load(load_before)}, "
           f"after {fmt_load(load_after)}; {time.perf_counter() - started:.0f} s")  # fmt: skip
+    print(f"bridge: {args.bridge_python} ({install_kind(args.bridge_python)} install)")
     report(results, args.rounds)
     if args.pool:
         import pool_bench  # imports this module: only once it is loaded
 
         pool_bench.main(["--rounds", str(args.rounds), "--both"])
+
+
+def install_kind(python: str) -> str:
+    """``editable`` or ``regular``: how acp_bridge is installed for ``python``."""
+    code = "import acp_bridge, sys; sys.stdout.write(acp_bridge.__file__)"
+    where = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    source = Path(__file__).resolve().parent.parent / "acp_bridge"
+    return "editable" if Path(where.stdout).resolve().parent == source else "regular"
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:
