@@ -348,7 +348,7 @@ def _client_answer(
     chosen: type[Adapter] | None,
     allow_override: bool,
 ) -> bytes:
-    """What ``Bridge._initialize`` answers for this response, as bytes without newline."""
+    """What ``Interceptions._initialize`` answers for this response, as bytes without newline."""
     message = response.message
     result = message.get("result")
     if message.get("error") is not None or not isinstance(result, dict):

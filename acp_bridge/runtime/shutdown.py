@@ -9,7 +9,9 @@ stopped, and the last answers get a bounded time to reach the client
 (:meth:`Shutdown.drain`) before the connection's tasks are cancelled.
 
 Every wait here is on an event (the client gone, its input ended, an interception
-moved, a process read to its end) under a named bound; nothing polls.
+moved, a process read to its end) under a named bound; nothing polls state an event
+could report. The one timer is :data:`CLIENT_HANGUP_STALL`, which measures what no event
+can: a client pump that makes no progress.
 """
 
 from __future__ import annotations
