@@ -28,13 +28,20 @@ serves such an agent with several processes behind one client connection:
   agent reads at start. It is one more agent process while it waits, so it is off unless
   asked for.
 
+This module owns the sessions: which process holds each, the lifecycle calls that open
+and close them there, and what a subclass says. The processes themselves (starting,
+stopping, the bound, idle reaping, the spare, private folders) are
+:class:`~acp_bridge.pool_processes.PoolProcesses`'.
+
 A subclass only says how a prompt becomes a process: :meth:`PoolAdapter.process_config`
 gets the prompt and a :class:`~acp_bridge.supervision.private_dirs.PrivateDir` (mode 0700, made for
 that one process, removed when it stops; a watchdog removes it should the bridge be
 killed, and a bridge starting with the same adapter removes what a dead one left) and
 returns the extra arguments and environment; for a spare, :meth:`PoolAdapter.spare_config`
-and :meth:`PoolAdapter.fill_spare` split that in two. Options come from
-``bridge.adapter_options.<adapter name>`` (:class:`PoolOptions`).
+and :meth:`PoolAdapter.fill_spare` split that in two (and then make the default
+``process_config``). An agent that offers no way to replace its own prompt sets
+:attr:`PoolAdapter.append_only`. Options come from ``bridge.adapter_options.<adapter
+name>`` (:class:`PoolOptions`).
 
 Only the public :class:`~acp_bridge.adapter.AdapterContext` is used: a process that exits
 on its own is dropped with its files when its link's ``wait_closed()`` returns.
@@ -43,14 +50,13 @@ on its own is dropped with its files when its link's ``wait_closed()`` returns.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import ClassVar, TypeAlias
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from acp_bridge.adapter import (
     Adapter,
@@ -64,105 +70,34 @@ from acp_bridge.adapter import (
 )
 from acp_bridge.core.capabilities import agent_name
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.supervision.agent_process import AgentStartError
-from acp_bridge.supervision.agent_watchdog import Watchdog
+from acp_bridge.pool_processes import (
+    AT_CAPACITY,
+    PooledProcess,
+    PoolOptions,
+    PoolProcesses,
+    ProcessConfig,
+    PromptRefused,
+    check_process_config,
+    prompt_key,
+)
 from acp_bridge.supervision.private_dirs import PrivateDir as _PrivateDir
-from acp_bridge.supervision.private_dirs import sweep
 from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
 
-# The answer when every process the pool may run holds a live session: a bound the client
-# can act on (close a session, reuse a prompt, try later), not a fault of the bridge, so
-# not -32603. An implementation-defined server error (JSON-RPC leaves -32000..-32099 to
-# implementations; ACP itself uses -32000 and -32002); 29 after HTTP's 429.
-AT_CAPACITY: Final = -32029
-
-
-@dataclass(frozen=True)
-class ProcessConfig:
-    """What one pooled process gets on top of the agent command the user configured."""
-
-    args: Sequence[str] = ()
-    """Extra arguments; no prompt text here where the agent allows any other route."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment variables."""
-
-
-def check_process_config(config: ProcessConfig, prompt: SystemPrompt, agent_label: str) -> None:
-    """Refuse a prompt that made ``config`` something no process can be started with.
-
-    A NUL (U+0000) is valid in JSON text, but arguments and environment strings are C
-    strings: the client gets ``-32602`` naming the block, not a failed start.
-    """
-    routes = (("command line", config.args), ("environment", [*config.env, *config.env.values()]))
-    for route, strings in routes:
-        if any("\0" in value for value in strings):
-            index = next((i for i, b in enumerate(prompt.content) if "\0" in b.text), None)
-            field = "systemPrompt.content" + ("" if index is None else f"[{index}].text")
-            raise PromptRefused(
-                f"{agent_label} takes this system prompt on its {route}, which cannot carry "
-                "a NUL character (U+0000).",
-                {"field": field},
-                INVALID_PARAMS,
-            )
-
+__all__ = [
+    "AT_CAPACITY",
+    "PoolAdapter",
+    "PoolOptions",
+    "PooledProcess",
+    "PrivateDir",
+    "ProcessConfig",
+    "PromptRefused",
+    "check_process_config",
+    "prompt_key",
+]
 
 PrivateDir = _PrivateDir
 """What :meth:`PoolAdapter.process_config` writes a process's files in (adapters import it
 from here)."""
-
-
-class PromptRefused(Exception):
-    """No process can serve this prompt; the message is for the client."""
-
-    def __init__(self, message: str, data: Any = None, code: int = INTERNAL_ERROR) -> None:
-        super().__init__(message)
-        self.data = data
-        self.code = code
-
-    def reply(self) -> Reply:
-        return Reply.failure(self.code, str(self), self.data)
-
-
-class PoolOptions(BaseModel):
-    """``bridge.adapter_options.<name>`` of a pool adapter."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    idle_timeout: float = Field(default=300.0, ge=0)
-    """Seconds a prompt's process may run without a live session before it is stopped."""
-    max_processes: int = Field(default=8, ge=1)
-    """Agent processes at once, the primary included."""
-    spare: bool = False
-    """Keep a spare process started for the next new prompt, where the agent allows it."""
-
-
-def prompt_key(prompt: SystemPrompt | None) -> str | None:
-    """The pool key of a prompt: its fingerprint; ``None`` is the primary's."""
-    return None if prompt is None else prompt.fingerprint()
-
-
-@dataclass
-class PooledProcess:
-    """One agent process: the prompt it was started with and the sessions it holds."""
-
-    link: AgentLink
-    prompt: SystemPrompt | None
-    private: PrivateDir | None = None
-    sessions: set[str] = field(default_factory=set)
-    busy: int = 0
-    """Lifecycle calls using this process right now; a busy process is never reaped."""
-    idle_since: float | None = None
-    spare_mode: str | None = None
-    """The prompt mode a spare process was prepared for; None once claimed (or never a spare)."""
-
-    @property
-    def key(self) -> str | None:
-        return prompt_key(self.prompt)
-
-    @property
-    def reapable(self) -> bool:
-        return not self.sessions and self.busy == 0 and self.prompt is not None
-
 
 Opened: TypeAlias = tuple[Reply, str | None]
 """A lifecycle call served in a process: the reply, and the session now open there."""
@@ -193,6 +128,9 @@ class PoolAdapter(Adapter):
     prompt is known (:meth:`spare_config`, :meth:`fill_spare`). Name a mode here only once
     a test against the real agent has shown it (a file written after ``initialize``
     reaches the model)."""
+    append_only: ClassVar[bool] = False
+    """The agent offers no way to replace its own system prompt: :meth:`delivery` offers
+    ``append`` only, and the default :meth:`process_config` refuses any other mode."""
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -205,8 +143,6 @@ class PoolAdapter(Adapter):
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
             )
             raise ValueError(f"bridge.adapter_options.{self.name}: {problems}") from exc
-        self.pool: dict[str | None, PooledProcess] = {}
-        """Prompt fingerprint (None: the primary) -> its process."""
         self.home: dict[str, PooledProcess] = {}
         """Live session -> the process holding it."""
         self._closed_at: dict[str, float] = {}
@@ -214,17 +150,15 @@ class PoolAdapter(Adapter):
         self._closed_in: dict[str, PooledProcess] = {}
         """Session -> the running process it was last closed in (``released_on_exit``)."""
         self._starting: dict[str, trio.Lock] = {}
-        self._changed = trio.Event()
-        self._reaper_running = False
-        self._reserved = 0
-        self._stopping = False
-        self._spare: PooledProcess | None = None
-        """A started process no prompt has claimed yet (see :meth:`spare_config`)."""
-        self._spare_starting: tuple[str, trio.Event] | None = None
-        """The mode of a spare being started, and the event set when that start ends."""
-        self._keeper: Watchdog | None = None
-        """The watchdog of the private folders: started with the first one."""
-        self._sweep()
+        self.processes = PoolProcesses(
+            context,
+            self.options,
+            self,
+            label=self.agent_label,
+            prefix=f"acp-bridge-{self.name}-",
+            log=self.log,
+            on_gone=self._gone,
+        )
 
     # ------------------------------------------------------------ what a subclass says
 
@@ -235,9 +169,20 @@ class PoolAdapter(Adapter):
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         """How ``prompt`` becomes a process: arguments, environment, files in ``private``.
 
+        By default the process a spare claimed by ``prompt`` would be (:meth:`spare_config`,
+        then :meth:`fill_spare`), after refusing a mode an :attr:`append_only` agent lacks.
         Raise :class:`PromptRefused` for a prompt this agent cannot take.
         """
-        raise NotImplementedError
+        if self.append_only and prompt.mode != "append":
+            raise PromptRefused(
+                f"{self.agent_label} offers no way to replace its own system prompt; "
+                "use mode append.",
+                {"field": "systemPrompt.mode"},
+                INVALID_PARAMS,
+            )
+        config = self.spare_config(prompt.mode, private)
+        self.fill_spare(prompt, private)
+        return config
 
     def process_prompt(self, prompt: SystemPrompt | None) -> SystemPrompt | None:
         """The prompt a process must be started with to serve a session that runs with
@@ -291,30 +236,30 @@ class PoolAdapter(Adapter):
         environment: Mapping[str, str] = provided()
         return environment
 
+    def agent_variable(self, name: str) -> str | None:
+        """The agent's own value of the environment variable ``name``: from
+        :meth:`agent_environment`, or the bridge's own environment when the context cannot
+        say (the agent inherits it)."""
+        environment = self.agent_environment()
+        return (os.environ if environment is None else environment).get(name)
+
+    def refuse_if_set(self, name: str, instead: str) -> None:
+        """Refuse a prompt the bridge gives the agent through the variable ``name`` while
+        the agent's own environment sets it: one variable holds one value, and replacing
+        the user's would silently drop it. ``instead``: where the user can move theirs."""
+        own = self.agent_variable(name)
+        if own:
+            raise PromptRefused(
+                f"The bridge gives {self.agent_label} a system prompt through {name}, which "
+                f"is already set for the agent ({own}); move that configuration to "
+                f"{instead}, or unset {name}.",
+                {"variable": name},
+            )
+
     def delivery(self, initialize_result: JsonObject) -> Delivery | None:
-        return Delivery(append=True, override=True)
+        return Delivery(append=True, override=not self.append_only)
 
     # ---------------------------------------------------------------- processes
-
-    def processes(self) -> list[PooledProcess]:
-        """The processes running now, the primary first."""
-        return [self._primary(), *(p for k, p in self.pool.items() if k is not None)]
-
-    def _primary(self) -> PooledProcess:
-        pooled = self.pool.get(None)
-        if pooled is None or pooled.link is not self.context.primary:
-            pooled = PooledProcess(self.context.primary, None)
-            self.pool[None] = pooled
-        return pooled
-
-    def _live(self, key: str | None) -> PooledProcess | None:
-        if key is None:
-            return self._primary()
-        pooled = self.pool.get(key)
-        if pooled is not None and pooled.link.closed:
-            self._forget(pooled)
-            return None
-        return pooled
 
     async def _process_for(self, prompt: SystemPrompt | None) -> tuple[PooledProcess, bool]:
         """The process serving ``prompt``, started (or a spare claimed) if needed, marked
@@ -322,14 +267,14 @@ class PoolAdapter(Adapter):
         prompt = self.process_prompt(prompt)
         key = prompt_key(prompt)
         if key is None or prompt is None:
-            pooled = self._primary()
+            pooled = self.processes.primary()
             pooled.busy += 1
             return pooled, False
         lock = self._starting.setdefault(key, trio.Lock())
         try:
             async with lock:
-                live = self._live(key)
-                served = live or await self._start(prompt)
+                live = self.processes.live(key)
+                served = live or await self.processes.start(prompt)
                 served.busy += 1
                 return served, live is None
         finally:
@@ -338,244 +283,7 @@ class PoolAdapter(Adapter):
 
     def _release(self, pooled: PooledProcess) -> None:
         pooled.busy -= 1
-        self._touch(pooled)
-
-    # --------------------------------------------------------------- processes
-
-    def _private_prefix(self) -> str:
-        return f"acp-bridge-{self.name}-"
-
-    def _sweep(self) -> None:
-        """Remove the private folders a dead bridge with this adapter left."""
-        try:
-            removed = sweep(self._private_prefix(), self.private_root())
-        except OSError as exc:
-            self.log.warning("could not look for private folders a stopped bridge left: %s", exc)
-            return
-        if removed:
-            self.log.info("removed %d private folder(s) a stopped bridge left", removed)
-
-    async def _start(self, prompt: SystemPrompt) -> PooledProcess:
-        if self._stopping:
-            raise PromptRefused("The bridge is shutting down.")
-        claimed = await self._claim_spare(prompt)
-        if claimed is not None:
-            return claimed
-        private = self._private_dir()
-        try:
-            config = self.process_config(prompt, private)
-            check_process_config(config, prompt, self.agent_label)
-            await self._make_room()
-            try:
-                link = await self.context.spawn_agent(
-                    list(config.args), dict(config.env), [str(private.path)]
-                )
-            except (AgentStartError, AgentError, AgentExited) as exc:
-                raise PromptRefused(
-                    f"The bridge could not start a {self.agent_label} process for this "
-                    f"system prompt: {exc}"
-                ) from exc
-            finally:
-                self._reserved -= 1
-        except BaseException:
-            private.remove()
-            raise
-        pooled = PooledProcess(link, prompt, private)
-        self.pool[pooled.key] = pooled
-        self.log.info("%s serves %s prompt %s", link.name, prompt.mode, pooled.key)
-        self.context.start_soon(self._watch_exit, pooled)
-        self._start_reaper()
-        return pooled
-
-    def _private_dir(self) -> PrivateDir:
-        """A new private folder, named to the watchdog before anything is written in it."""
-        if self._keeper is None:
-            self._keeper = Watchdog.start()
-        return PrivateDir.create(self._private_prefix(), self.private_root(), self._keeper)
-
-    def _start_reaper(self) -> None:
-        if not self._reaper_running:
-            self._reaper_running = True
-            self.context.start_soon(self._reap_idle)
-
-    # ------------------------------------------------------------------ spares
-
-    async def _claim_spare(self, prompt: SystemPrompt) -> PooledProcess | None:
-        """The spare process, now serving ``prompt``, if one of its mode runs or is being
-        started (that start is waited for: it is further on than a new one would be)."""
-        starting = self._spare_starting
-        if starting is not None and starting[0] == prompt.mode and self._spare is None:
-            await starting[1].wait()
-        spare = self._spare
-        if spare is None or spare.spare_mode != prompt.mode or spare.link.closed:
-            return None
-        assert spare.private is not None
-        self._spare = None
-        try:
-            self.fill_spare(prompt, spare.private)
-        except BaseException:
-            # It may hold part of a refused prompt now: it serves nothing else.
-            self.context.start_soon(self._stop, spare, "its prompt was refused")
-            raise
-        spare.prompt, spare.spare_mode = prompt, None
-        self.pool[spare.key] = spare
-        self.log.info("%s (spare) serves %s prompt %s", spare.link.name, prompt.mode, spare.key)
-        return spare
-
-    async def _prepare_spare(self, mode: str) -> None:
-        """Start a spare process for the next new ``mode`` prompt, if the agent allows one
-        and a place under ``max_processes`` is free (no process is stopped for it)."""
-        current = self._spare
-        if (
-            not self.options.spare
-            or not self.spares_for(mode)
-            or self._stopping
-            or self._spare_starting is not None
-            or (current is not None and current.spare_mode == mode)
-        ):
-            return
-        if current is not None:
-            await self._stop(current, f"a spare for {mode} prompts replaces it")
-        if self._running() >= self.options.max_processes:
-            return
-        done = trio.Event()
-        self._spare_starting = (mode, done)
-        self._reserved += 1
-        try:
-            await self._start_spare(mode)
-        finally:
-            self._reserved -= 1
-            self._spare_starting = None
-            done.set()
-            self._changed.set()
-
-    async def _start_spare(self, mode: str) -> None:
-        try:
-            private = self._private_dir()
-        except OSError as exc:
-            # Only a spare is lost: the task runs in the relay's nursery, which must go on.
-            self.log.info("no spare %s process: %s", self.agent_label, exc)
-            return
-        try:
-            config = self.spare_config(mode, private)
-            link = await self.context.spawn_agent(
-                list(config.args), dict(config.env), [str(private.path)]
-            )
-        except (PromptRefused, AgentStartError, AgentError, AgentExited, OSError) as exc:
-            private.remove()
-            self.log.info("no spare %s process: %s", self.agent_label, exc)
-            return
-        except BaseException:
-            private.remove()
-            raise
-        spare = PooledProcess(link, None, private, spare_mode=mode)
-        spare.idle_since = trio.current_time()
-        self._spare = spare
-        self.context.start_soon(self._watch_exit, spare)
-        self._start_reaper()
-        self.log.info("%s started as a spare for %s prompts", link.name, mode)
-        if self._stopping:
-            await self._stop(spare, "shutdown")
-
-    def _forget(self, pooled: PooledProcess, *, keep_files: bool = False) -> None:
-        if self._spare is pooled:
-            self._spare = None
-        elif self.pool.get(pooled.key) is pooled:
-            del self.pool[pooled.key]
-        for session_id in list(pooled.sessions):
-            if self.home.get(session_id) is pooled:
-                del self.home[session_id]
-                self.context.unplace_session(session_id)
-        if pooled.private is not None and not keep_files:
-            pooled.private.remove()
-        self._changed.set()
-
-    async def _stop(self, pooled: PooledProcess, why: str) -> None:
-        """Stop a process; its files go once it has stopped reading them."""
-        self.log.info("stopping %s (%s)", pooled.link.name, why)
-        self._forget(pooled, keep_files=True)
-        try:
-            if not pooled.link.closed:
-                await self.context.stop_agent(pooled.link)
-        finally:
-            if pooled.private is not None:
-                pooled.private.remove()
-
-    async def _watch_exit(self, pooled: PooledProcess) -> None:
-        """Drop a process that exited on its own, with its private files (one the pool
-        stopped itself is no longer in the pool: it cleaned up then)."""
-        await pooled.link.wait_closed()
-        claimed = pooled.prompt is not None and self.pool.get(pooled.key) is pooled
-        if self._spare is pooled or claimed:
-            # The relay logs how it exited; a crash is a warning there.
-            self.log.info("%s exited; its sessions are gone", pooled.link.name)
-            self._forget(pooled)
-
-    def _running(self) -> int:
-        """Processes running or being started, the primary and a spare included."""
-        spare = 0 if self._spare is None else 1
-        return 1 + sum(1 for key in self.pool if key is not None) + spare + self._reserved
-
-    async def _make_room(self) -> None:
-        """Reserve a place under ``max_processes``: stop the longest-idle process, or refuse."""
-        while True:
-            for pooled in list(self.pool.values()):
-                if pooled.prompt is not None and pooled.link.closed:
-                    self._forget(pooled)
-            if self._running() < self.options.max_processes:
-                self._reserved += 1
-                return
-            if self._spare is not None:
-                await self._stop(self._spare, "making room for another prompt")
-                continue
-            idle = [p for p in self.pool.values() if p.reapable]
-            if not idle:
-                raise PromptRefused(
-                    f"The bridge is at capacity: it runs at most {self.options.max_processes} "
-                    f"{self.agent_label} processes, one per distinct system prompt, and each "
-                    "holds a live session; close a session or reuse a prompt.",
-                    {"maxProcesses": self.options.max_processes},
-                    AT_CAPACITY,
-                )
-            oldest = min(idle, key=lambda p: p.idle_since if p.idle_since is not None else 0.0)
-            await self._stop(oldest, "making room for another prompt")
-
-    def _touch(self, pooled: PooledProcess) -> None:
-        """Start or clear the idle clock of a process after its sessions changed."""
-        pooled.idle_since = trio.current_time() if pooled.reapable else None
-        self._changed.set()
-
-    async def _reap_idle(self) -> None:
-        """Stop prompt processes that held no live session for ``idle_timeout``."""
-        while not self._stopping:
-            self._changed = trio.Event()
-            deadlines = [
-                p.idle_since + self.options.idle_timeout
-                for p in self.pool.values()
-                if p.reapable and p.idle_since is not None
-            ]
-            spare = self._spare
-            if spare is not None and spare.idle_since is not None:
-                deadlines.append(spare.idle_since + self.options.idle_timeout)
-            with trio.move_on_at(min(deadlines, default=math.inf)):
-                await self._changed.wait()
-            now = trio.current_time()
-            spare = self._spare
-            if (
-                spare is not None
-                and spare.idle_since is not None
-                and now >= spare.idle_since + self.options.idle_timeout
-                and not self._stopping
-            ):
-                await self._stop(spare, "an unclaimed spare, idle")
-            for pooled in list(self.pool.values()):
-                expired = (
-                    pooled.reapable
-                    and pooled.idle_since is not None
-                    and now >= pooled.idle_since + self.options.idle_timeout
-                )
-                if expired and not self._stopping:
-                    await self._stop(pooled, "idle")
+        self.processes.touch(pooled)
 
     # --------------------------------------------------------------- sessions
 
@@ -583,18 +291,25 @@ class PoolAdapter(Adapter):
         previous = self.home.get(session_id)
         if previous is not None and previous is not pooled:
             previous.sessions.discard(session_id)
-            self._touch(previous)
+            self.processes.touch(previous)
         self.home[session_id] = pooled
         pooled.sessions.add(session_id)
-        self._touch(pooled)
+        self.processes.touch(pooled)
         self.context.place_session(session_id, pooled.link)
 
     def _drop(self, session_id: str) -> None:
         pooled = self.home.pop(session_id, None)
         if pooled is not None:
             pooled.sessions.discard(session_id)
-            self._touch(pooled)
+            self.processes.touch(pooled)
             self.context.unplace_session(session_id)
+
+    def _gone(self, pooled: PooledProcess) -> None:
+        """A process is gone: the sessions it held are live nowhere now."""
+        for session_id in list(pooled.sessions):
+            if self.home.get(session_id) is pooled:
+                del self.home[session_id]
+                self.context.unplace_session(session_id)
 
     async def _in_prompts_process(
         self, call: LifecycleCall, serve: Callable[[PooledProcess], Awaitable[Opened]]
@@ -620,7 +335,7 @@ class PoolAdapter(Adapter):
             if started and pooled.prompt is not None:
                 # The next new prompt of this mode need not wait for a cold start. Started
                 # after this call, so as not to slow its session/new.
-                self.context.start_soon(self._prepare_spare, pooled.prompt.mode)
+                self.context.start_soon(self.processes.prepare_spare, pooled.prompt.mode)
 
     async def _open(self, call: LifecycleCall) -> Reply:
         """session/new, session/fork: the new session lives in its prompt's process."""
@@ -686,10 +401,12 @@ class PoolAdapter(Adapter):
             or holder is None
             or holder is target
             or not holder.reapable
-            or self.pool.get(holder.key) is not holder
+            or not self.processes.runs(holder)
         ):
             return False
-        await self._stop(holder, f"it still holds session {session_id}, reopened elsewhere")
+        await self.processes.stop(
+            holder, f"it still holds session {session_id}, reopened elsewhere"
+        )
         return True
 
     async def _close_elsewhere(self, session_id: str, target: PooledProcess) -> None:
@@ -739,7 +456,7 @@ class PoolAdapter(Adapter):
             self._closed_in = {
                 closed: pooled
                 for closed, pooled in self._closed_in.items()
-                if self.pool.get(pooled.key) is pooled
+                if self.processes.runs(pooled)
             }
             if holder is not None:
                 self._closed_in[session_id] = holder
@@ -749,14 +466,4 @@ class PoolAdapter(Adapter):
 
     async def aclose(self) -> None:
         """Stop every process the pool started that still runs, and remove every file."""
-        self._stopping = True
-        self._changed.set()
-        with trio.CancelScope(shield=True):
-            started = [p for key, p in list(self.pool.items()) if key is not None]
-            for pooled in [*started, *([self._spare] if self._spare else [])]:
-                await self._stop(pooled, "shutdown")
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None and self._spare_starting is None:
-            keeper.release()
-        # Otherwise a spare being started still has its folder: the watchdog removes it
-        # when the bridge exits, should the start not end in time for the bridge to.
+        await self.processes.aclose()

@@ -43,10 +43,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from acp_bridge.adapter import AdapterContext, Delivery
+from acp_bridge.adapter import AdapterContext
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AGENT_NAME: Final = "cline"
 RULES: Final = "rules"
@@ -93,6 +93,7 @@ class ClineAdapter(PoolAdapter):
     agent_label = "cline"
     reported_name = AGENT_NAME
     spare_modes = frozenset({"append"})
+    append_only = True
 
     def __init__(self, context: AdapterContext) -> None:
         super().__init__(context)
@@ -103,21 +104,6 @@ class ClineAdapter(PoolAdapter):
                 "cline runs without CLINE_SESSION_BACKEND_MODE=local: a session in it starts "
                 "cline's hub daemon, which outlives the bridge (the cline preset sets it)"
             )
-
-    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
-        return Delivery(append=True, override=False)
-
-    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        if prompt.mode != "append":
-            raise PromptRefused(
-                "cline offers no way to replace its own system prompt; use mode append.",
-                {"field": "systemPrompt.mode"},
-                INVALID_PARAMS,
-            )
-        check_not_blank(prompt)
-        config = self.spare_config(prompt.mode, private)
-        self.fill_spare(prompt, private)
-        return config
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         check_not_blank(prompt)

@@ -250,9 +250,7 @@ class CodexAdapter(PoolAdapter):
         """2.x: an override process; the user's CODEX_CONFIG plus the instructions file."""
         # Only override comes here: append (and any mode the agent advertises) is native.
         check_override_text(prompt)
-        config = self.spare_config(prompt.mode, private)
-        self.fill_spare(prompt, private)
-        return config
+        return super().process_config(prompt, private)
 
     def spares_for(self, mode: str) -> bool:
         # 2.6 reads model_instructions_file when a session starts (a file written after
@@ -261,8 +259,7 @@ class CodexAdapter(PoolAdapter):
         return mode == "override" and is_app_server(self.context.primary.initialize_result)
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
-        environment = self.agent_environment() or {}
-        config = user_codex_config(environment.get(CONFIG_VARIABLE))
+        config = user_codex_config(self.agent_variable(CONFIG_VARIABLE))
         config["model_instructions_file"] = str(private.path / INSTRUCTIONS_FILE)
         return ProcessConfig(env={CONFIG_VARIABLE: json.dumps(config, ensure_ascii=False)})
 

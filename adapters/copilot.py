@@ -23,13 +23,11 @@ when the next new prompt claims it.
 
 from __future__ import annotations
 
-import os
 from typing import Final
 
-from acp_bridge.adapter import Delivery
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AGENT_NAME: Final = "Copilot"
 DIRS_VARIABLE: Final = "COPILOT_CUSTOM_INSTRUCTIONS_DIRS"
@@ -61,19 +59,7 @@ class CopilotAdapter(PoolAdapter):
     agent_label = "copilot"
     reported_name = AGENT_NAME
     spare_modes = frozenset({"append"})
-
-    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
-        return Delivery(append=True, override=False)
-
-    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        if prompt.mode != "append":
-            raise PromptRefused(
-                "copilot offers no way to replace its own system prompt; use mode append.",
-                {"field": "systemPrompt.mode"},
-                INVALID_PARAMS,
-            )
-        self.fill_spare(prompt, private)
-        return self.spare_config(prompt.mode, private)
+    append_only = True
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         try:
@@ -87,7 +73,5 @@ class CopilotAdapter(PoolAdapter):
             ) from None
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
-        environment = self.agent_environment()
-        own = (os.environ if environment is None else environment).get(DIRS_VARIABLE)
-        dirs = instruction_dirs(own, str(private.path))
+        dirs = instruction_dirs(self.agent_variable(DIRS_VARIABLE), str(private.path))
         return ProcessConfig(env={DIRS_VARIABLE: dirs})

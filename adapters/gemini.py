@@ -129,9 +129,7 @@ class GeminiAdapter(PoolAdapter):
         if prompt.mode == "override":
             path = private.write(OVERRIDE_FILE, protect_placeholders(prompt.text))
             return ProcessConfig(env={"GEMINI_SYSTEM_MD": str(path)})
-        config = self.spare_config(prompt.mode, private)
-        self.fill_spare(prompt, private)
-        return config
+        return super().process_config(prompt, private)
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         return ProcessConfig(env={"GEMINI_CLI_HOME": str(self._private_home(private))})

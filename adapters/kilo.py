@@ -32,13 +32,11 @@ process, its configuration layer written, and write the instructions when it is 
 from __future__ import annotations
 
 import json
-import os
 from typing import Final
 
-from acp_bridge.adapter import Delivery
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
+from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AGENT_NAME: Final = "Kilo"
 CONFIG_VARIABLE: Final = "KILO_CONFIG"
@@ -91,32 +89,10 @@ class KiloAdapter(PoolAdapter):
     agent_label = "kilo"
     reported_name = AGENT_NAME
     spare_modes = frozenset({"append"})
-
-    def delivery(self, initialize_result: JsonObject) -> Delivery | None:
-        return Delivery(append=True, override=False)
-
-    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        if prompt.mode != "append":
-            raise PromptRefused(
-                "Kilo offers no way to replace its own system prompt; use mode append.",
-                {"field": "systemPrompt.mode"},
-                INVALID_PARAMS,
-            )
-        config = self.spare_config(prompt.mode, private)
-        self.fill_spare(prompt, private)
-        return config
+    append_only = True
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
-        environment = self.agent_environment()
-        own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
-        if own:
-            # One variable, one file: replacing it would silently drop the user's layer.
-            raise PromptRefused(
-                f"The bridge gives Kilo a system prompt through {CONFIG_VARIABLE}, which is "
-                f"already set for the agent ({own}); move that configuration to Kilo's "
-                f"global config file or KILO_CONFIG_CONTENT, or unset {CONFIG_VARIABLE}.",
-                {"variable": CONFIG_VARIABLE},
-            )
+        self.refuse_if_set(CONFIG_VARIABLE, "Kilo's global config file or KILO_CONFIG_CONTENT")
         # Kilo substitutes in its JSON configuration too: the private path has no brace.
         check_reference_path(str(private.path / BRACE_FILE))
         private.write(BRACE_FILE, "{")

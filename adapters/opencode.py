@@ -34,7 +34,6 @@ writes the file when the next new prompt claims it.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -94,22 +93,8 @@ class OpencodeAdapter(PoolAdapter):
     reported_name = AGENT_NAME
     spare_modes = frozenset({"append", "override"})
 
-    def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
-        config = self.spare_config(prompt.mode, private)
-        self.fill_spare(prompt, private)
-        return config
-
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
-        environment = self.agent_environment()
-        own = (os.environ if environment is None else environment).get(CONFIG_VARIABLE)
-        if own:
-            # One variable, one file: replacing it would silently drop the user's layer.
-            raise PromptRefused(
-                f"The bridge gives opencode a system prompt through {CONFIG_VARIABLE}, "
-                f"which is already set for the agent ({own}); move that configuration to "
-                f"opencode's global config file or unset {CONFIG_VARIABLE}.",
-                {"variable": CONFIG_VARIABLE},
-            )
+        self.refuse_if_set(CONFIG_VARIABLE, "opencode's global config file")
         return ProcessConfig(env={CONFIG_VARIABLE: str(private.path / CONFIG_FILE)})
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:

@@ -55,8 +55,7 @@ class QwenAdapter(PoolAdapter):
 
     def process_config(self, prompt: SystemPrompt, private: PrivateDir) -> ProcessConfig:
         if prompt.mode == "override":
-            self.fill_spare(prompt, private)
-            return self.spare_config(prompt.mode, private)
+            return super().process_config(prompt, private)
         if not prompt.text.strip():
             raise PromptRefused(
                 "qwen trims an appended system prompt, and this one is only whitespace.",

@@ -352,7 +352,8 @@ async def test_a_process_without_live_sessions_is_stopped_after_the_idle_timeout
     async with codex_bridge(tmp_path, idle_timeout=0.2) as h:
         session = await h.new(override("short-lived"))
         pid = (await h.served_by(session))["pid"]
-        pooled = h.adapter.pool[SystemPrompt.from_wire(override("short-lived")).fingerprint()]
+        key = SystemPrompt.from_wire(override("short-lived")).fingerprint()
+        pooled = h.adapter.processes.by_key[key]
         assert pooled.private is not None
         path = pooled.private.path / "instructions.md"
         assert path.exists()
@@ -373,7 +374,7 @@ async def test_a_process_without_live_sessions_is_stopped_after_the_idle_timeout
 async def test_override_instructions_file_is_private_to_the_user(tmp_path: Path) -> None:
     async with codex_bridge(tmp_path) as h:
         await h.new(override("secret persona"))
-        (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
+        (pooled,) = [p for key, p in h.adapter.processes.by_key.items() if key is not None]
         assert pooled.private is not None
         path = pooled.private.path / "instructions.md"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -473,7 +474,7 @@ async def test_append_prompt_goes_to_a_private_codex_home_not_argv(
     async with codex_bridge(tmp_path, agent_env={"CODEX_HOME": str(home)}) as h:
         session = await h.new(append('secret "rules"\nline two'))
         identity = await h.served_by(session)
-        (pooled,) = [p for key, p in h.adapter.pool.items() if key is not None]
+        (pooled,) = [p for key, p in h.adapter.processes.by_key.items() if key is not None]
         assert pooled.private is not None
         private = pooled.private.path
         assert private.parent == home

@@ -16,13 +16,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
+from adapter_context import Context, ContextWithEnvironment
 
-from acp_bridge.adapter import Adapter, AgentError, AgentLink, LifecycleCall, Reply
+from acp_bridge.adapter import (
+    Adapter,
+    AdapterContext,
+    AgentError,
+    AgentLink,
+    Delivery,
+    LifecycleCall,
+    Reply,
+)
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import (
     AT_CAPACITY,
@@ -229,7 +238,8 @@ class Pool:
         return link
 
     def private_dirs(self) -> list[Path]:
-        return [p.private.path for p in self.adapter.pool.values() if p.private is not None]
+        running = self.adapter.processes.by_key.values()
+        return [p.private.path for p in running if p.private is not None]
 
 
 @asynccontextmanager
@@ -780,3 +790,58 @@ async def test_a_spare_whose_folder_cannot_be_made_is_left_out_and_the_bridge_go
         assert len(pool.context.processes) == 2
         second = await pool.new(append("two"))
         assert pool.holder(second) is pool.context.processes[2]
+
+
+# ------------------------------------------------------------- what a subclass gets
+
+
+class AppendOnlyPool(SparePool):
+    """An agent with no way to replace its own prompt, whose processes are made the way a
+    claimed spare is (PoolAdapter's own process_config)."""
+
+    append_only = True
+    process_config = PoolAdapter.process_config
+
+
+async def test_an_append_only_agent_is_offered_append_and_refused_override_by_the_pool(
+    private_dirs: Path,
+) -> None:
+    async with open_pool(AppendOnlyPool) as pool:
+        assert pool.adapter.delivery({}) == Delivery(append=True, override=False)
+        reply = await pool.adapter.session_new(pool.call("session/new", prompt=override("x")))
+        assert reply.error == {
+            "code": INVALID_PARAMS,
+            "message": "fake-agent offers no way to replace its own system prompt; "
+            "use mode append.",
+            "data": {"field": "systemPrompt.mode"},
+        }
+        assert len(pool.context.processes) == 1
+        assert list(private_dirs.iterdir()) == []
+        # An append prompt's process gets the spare's configuration and the prompt's file.
+        process = pool.holder(await pool.new(append("rules")))
+        assert process.args == ["--mode", "append"]
+        assert Path(process.env["PROMPT_FILE"]).read_text() == "rules"
+
+
+def test_the_agents_own_variable_is_read_and_one_the_bridge_gives_the_prompt_in_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PROMPT_LAYER", "/bridge/own.json")
+    told = FilePool(cast(AdapterContext, ContextWithEnvironment({"PROMPT_LAYER": "/preset.json"})))
+    assert told.agent_variable("PROMPT_LAYER") == "/preset.json"
+    with pytest.raises(PromptRefused) as refused:
+        told.refuse_if_set("PROMPT_LAYER", "the agent's global config file")
+    assert str(refused.value) == (
+        "The bridge gives fake-agent a system prompt through PROMPT_LAYER, which is already "
+        "set for the agent (/preset.json); move that configuration to the agent's global "
+        "config file, or unset PROMPT_LAYER."
+    )
+    assert (refused.value.code, refused.value.data) == (
+        INTERNAL_ERROR,
+        {"variable": "PROMPT_LAYER"},
+    )
+    # A context that cannot say: the bridge's own environment, which the agent inherits.
+    untold = FilePool(cast(AdapterContext, Context()))
+    assert untold.agent_variable("PROMPT_LAYER") == "/bridge/own.json"
+    unset = FilePool(cast(AdapterContext, ContextWithEnvironment({})))
+    unset.refuse_if_set("PROMPT_LAYER", "elsewhere")
