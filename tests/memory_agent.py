@@ -54,6 +54,17 @@ def read_json(line: bytes) -> Any:
         sys.setrecursionlimit(limit)
 
 
+def write_json(message: Any) -> bytes:
+    """A message as that agent writes it back: as deep as it could read it (the bridge's
+    own encoder allows only a few times the usual depth)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, DEEPEST_READ))
+    try:
+        return jsonrpc.encode(message)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 DEEPEST_READ = 20_000
 
 
@@ -146,7 +157,7 @@ class MemoryAgent(InMemoryProcess):
             await self._output.aclose()
 
     async def send(self, message: Any) -> None:
-        await self.send_raw(jsonrpc.encode(message))
+        await self.send_raw(write_json(message))
 
     async def send_bytes(self, data: bytes) -> None:
         """Write bytes as they are: part of a line, or several."""

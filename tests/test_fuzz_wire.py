@@ -7,7 +7,8 @@ the defined errors (:class:`FrameError` with -32700/-32600, :class:`PromptReject
 -32602 naming a ``systemPrompt`` field), and whatever the bridge writes must be one line of
 valid JSON that reads back as what was encoded.
 
-Bounded: a fixed seed, a fixed number of inputs, and a time budget that stops early on a
+Bounded: a fixed seed, a fixed number of inputs (a quarter of it unless
+``ACP_BRIDGE_FULL_FUZZ=1``, :mod:`fuzz_size`), and a time budget that stops early on a
 slow machine (the count reached is printed with ``-s``).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from fuzz_size import inputs
 
 from acp_bridge.core.system_prompt import PromptRejected, SystemPrompt, parse_system_prompt
 from acp_bridge.runtime.trace import Tracer, redact
@@ -30,8 +32,8 @@ from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import FrameError, Kind
 
 SEED: Final = 20261201
-FRAMES: Final = 12000
-PROMPTS: Final = 6000
+FRAMES: Final = inputs(12_000)
+PROMPTS: Final = inputs(6_000)
 BUDGET_SECONDS: Final = 20.0
 
 TEXTS: Final = [

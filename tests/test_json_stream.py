@@ -1,4 +1,7 @@
-"""The incremental validator agrees with ``jsonrpc.parse`` on every line, however split."""
+"""The incremental validator agrees with ``jsonrpc.parse`` on every line, however split.
+
+How many inputs each property draws: :mod:`fuzz_size`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import json
 import random
 
 import pytest
+from fuzz_size import inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +65,7 @@ def spaced(value: object, rng: random.Random) -> bytes:
     return text.replace("\n", rng.choice(["", " ", "\t", "\r"])).encode()
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=inputs(400), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(values, st.randoms(use_true_random=False))
 def test_valid_json_is_valid_however_split(value: object, rng: random.Random) -> None:
     line = spaced(value, rng)
@@ -69,7 +73,7 @@ def test_valid_json_is_valid_however_split(value: object, rng: random.Random) ->
         assert stream_verdict(line, cuts), (line, cuts)
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=inputs(600), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(values, st.randoms(use_true_random=False), st.data())
 def test_mutated_lines_get_the_parsers_verdict(
     value: object, rng: random.Random, data: st.DataObject
@@ -223,7 +227,7 @@ def check_cut(line: bytes, cuts: list[int]) -> None:
         assert frame.kind is jsonrpc.Kind.RESPONSE and frame.id is None
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=inputs(300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(values, st.randoms(use_true_random=False))
 def test_what_is_judged_can_always_be_ended_as_a_message(value: object, rng: random.Random) -> None:
     line = messages(value, rng)

@@ -4,6 +4,7 @@
 ``parse_in_full``; both must give the same frame, or the same error, for any line. Lines
 come from hypothesis: JSON-RPC-shaped objects written with duplicate and escaped keys, odd
 ids, lone surrogates and random whitespace, then mutated byte by byte.
+How many lines each test draws: :mod:`fuzz_size` (``ACP_BRIDGE_FULL_FUZZ=1`` for all).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+from fuzz_size import inputs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -161,7 +163,9 @@ def assert_agrees(raw: bytes) -> Frame | None:
     return frame
 
 
-SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=inputs(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @SETTINGS
@@ -173,6 +177,7 @@ SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[Hea
 @example(b'{"\\u0069d":7,"method":"m"}')
 @example(b'{"method":null,"id":3,"result":{}}')
 @example(b'{"method":"m","params":3}')
+@example(b'{"jsonrpc":"2.0","method":"m","params":null}')
 @example(b'{"method":"m","params":{"sessionId":"a"},"params":[]}')
 @example(b'{"id":true,"result":1}')
 @example(b'{"id":false,"method":"m"}')

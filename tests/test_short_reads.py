@@ -8,7 +8,7 @@ splitter on random splits of a stream, the run on generated and mutated lines, a
 runtime on random mixes of plain notifications with requests, responses, batches,
 ``$/cancel_request``, intercepted requests, invalid and blank lines and ``\\r\\n``, cut
 into random reads: the agent and the client receive the same bytes in the same order
-with the fast path as without it.
+with the fast path as without it. How many inputs each property draws: :mod:`fuzz_size`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from unittest import mock
 
 import trio
 import trio.testing
+from fuzz_size import inputs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from memory_agent import MemorySpawner
@@ -73,7 +74,7 @@ PIECES = st.sampled_from(
 TERMINATORS = st.sampled_from([b"\n", b"\n", b"\r\n", b"\r\r\n"])
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=inputs(600), deadline=None)
 @given(
     st.lists(st.tuples(st.lists(PIECES, max_size=4), TERMINATORS), max_size=12),
     st.binary(max_size=30),
@@ -135,7 +136,9 @@ def is_plain(raw: bytes) -> bool:
     return frame.kind is Kind.NOTIFICATION and frame.method != CANCEL_REQUEST
 
 
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=inputs(400), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @SETTINGS
@@ -166,7 +169,7 @@ NOTIFICATION_PARAMS = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=inputs(300), deadline=None)
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=20), NOTIFICATION_PARAMS), max_size=8))
 def test_written_notifications_make_one_run(notes: list[tuple[str, Any]]) -> None:
     """Not a vacuous fast path: notifications as peers write them (compact or spaced,
@@ -374,7 +377,9 @@ def streams(draw: st.DrawFn, pool: list[bytes]) -> list[bytes]:
     return cut(stream, draw(st.lists(st.integers(min_value=0), max_size=8)))
 
 
-RUNTIME = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RUNTIME = settings(
+    max_examples=inputs(100), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @RUNTIME
