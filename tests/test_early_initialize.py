@@ -278,7 +278,9 @@ def run_in_memory(
     directory.mkdir()
     config = directory / "empty.yaml"
     config.write_text("bridge: {}\n")
-    adapter = bridge_args[bridge_args.index("--adapter") + 1] if "--adapter" in bridge_args else None
+    adapter = (
+        bridge_args[bridge_args.index("--adapter") + 1] if "--adapter" in bridge_args else None
+    )
     no_override = "--no-override" in bridge_args
     exchanged = threading.Event()
     process = ThreadedAgent(agent, start_after=exchanged if runtime_first and not usual else None)
@@ -494,9 +496,7 @@ def test_what_the_agent_writes_before_its_answer_is_left_to_the_runtime(
 def test_what_the_agent_writes_with_its_answer_is_left_to_the_runtime(
     tmp_path: Path, bridge_env: dict[str, str]
 ) -> None:
-    early, _ = both_ways(
-        tmp_path, bridge_env, answers_then_notifies, [INITIALIZE, 2, "close"]
-    )
+    early, _ = both_ways(tmp_path, bridge_env, answers_then_notifies, [INITIALIZE, 2, "close"])
     assert early.stage == "forwarded"
 
 
