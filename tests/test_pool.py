@@ -23,6 +23,7 @@ import trio
 import trio.testing
 from adapter_context import Context, ContextWithEnvironment
 
+from acp_bridge import pool_processes
 from acp_bridge.adapter import (
     Adapter,
     AdapterContext,
@@ -256,11 +257,48 @@ async def open_pool(
             nursery.cancel_scope.cancel()
 
 
+class Keeper:
+    """Stands in for the watchdog process the pool names its private folders to (whose
+    own work, removing them after a SIGKILL, tests/test_sigkill.py shows with processes):
+    what is named to it and not taken back yet."""
+
+    started: list[Keeper]
+
+    def __init__(self) -> None:
+        self.owned: set[str] = set()
+        self.released = False
+
+    @classmethod
+    def start(cls) -> Keeper:
+        keeper = cls()
+        cls.started.append(keeper)
+        return keeper
+
+    def own(self, path: str) -> None:
+        assert not self.released
+        self.owned.add(path)
+
+    def disown(self, path: str) -> None:
+        self.owned.discard(path)
+
+    def release(self) -> None:
+        self.released = True
+
+    def discard(self) -> None:
+        self.released = True
+
+    def abandon(self) -> None:
+        self.released = True
+
+
 @pytest.fixture
 def private_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Private directories go under ``tmp_path`` so a test can see every one left."""
+    """Private directories go under ``tmp_path`` so a test can see every one left; they
+    are named to a :class:`Keeper`, not to a watchdog process."""
     root = tmp_path / "private"
     monkeypatch.setattr(FilePool, "private_root", lambda self: root)
+    monkeypatch.setattr(Keeper, "started", [], raising=False)
+    monkeypatch.setattr(pool_processes, "Watchdog", Keeper)
     yield root
 
 
