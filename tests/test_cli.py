@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,23 @@ def run_bridge(
         timeout=timeout,
         check=False,
     )
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a command line run printed, and its exit status."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run_in_process(args: list[str], env: dict[str, str | None] | None = None) -> Done:
+    """The command line in this process (click's runner), as ``python -m acp_bridge``
+    names itself; for usage errors, help and configuration errors, which come before
+    anything is started (launch.py starts an agent early only for neutral options)."""
+    result = CliRunner().invoke(main, args, prog_name="acp-bridge", env=env)
+    return Done(result.exit_code, result.stdout_bytes, result.stderr_bytes)
 
 
 def check_lines(*args: str) -> dict[str, str]:
@@ -287,7 +305,7 @@ def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path
     ],
 )
 def test_a_mistyped_option_is_a_usage_error_not_the_agent(args: list[str]) -> None:
-    done = run_bridge(args, b"")
+    done = run_in_process(args)
     assert done.returncode == 2, done.stderr
     # click's own words (8.5: "No such option '--agnet'. Did you mean '--agent'?").
     error = done.stderr.decode().splitlines()[-1]
@@ -308,7 +326,7 @@ def test_a_mistyped_option_is_a_usage_error_not_the_agent(args: list[str]) -> No
 def test_a_mistyped_command_is_a_usage_error_suggesting_it(
     args: list[str], suggestion: bytes
 ) -> None:
-    done = run_bridge(args, b"")
+    done = run_in_process(args)
     assert done.returncode == 2, done.stderr
     assert f"No such command '{args[0]}'.".encode() in done.stderr
     assert b"Did you mean " + suggestion in done.stderr
@@ -342,7 +360,7 @@ def test_after_double_dash_a_word_like_a_command_is_the_agent_command() -> None:
 
 
 def test_a_bare_command_shows_the_usage_the_user_typed() -> None:
-    done = run_bridge([], b"")
+    done = run_in_process([])
     assert done.returncode == 2
     usage = done.stderr.decode()
     assert "acp-bridge run" not in usage, usage
@@ -353,13 +371,7 @@ def test_a_bare_command_shows_the_usage_the_user_typed() -> None:
 
 @pytest.mark.parametrize("columns", ["80", "60"])
 def test_help_gives_each_command_summary_whole(columns: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--help"],
-        capture_output=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "COLUMNS": columns},
-    )
+    done = run_in_process(["--help"], env={"COLUMNS": columns})
     assert done.returncode == 0, done.stderr
     commands = done.stdout.decode().partition("\nCommands:\n")[2]
     summaries = " ".join(commands.split())
@@ -383,14 +395,8 @@ def test_a_misspelt_config_key_gets_a_suggestion(tmp_path: Path) -> None:
 def test_an_undefined_variable_names_the_file_that_uses_it(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("agents:\n  mine:\n    command: ${MY_AGENT_BIN_UNSET}\n")
-    env = {k: v for k, v in os.environ.items() if k != "MY_AGENT_BIN_UNSET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--config", str(config), "--agent", "mine"],
-        input=b"",
-        capture_output=True,
-        timeout=30,
-        check=False,
-        env=env,
+    done = run_in_process(
+        ["--config", str(config), "--agent", "mine"], env={"MY_AGENT_BIN_UNSET": None}
     )
     assert done.returncode == 1
     assert (
