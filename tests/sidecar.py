@@ -2,21 +2,28 @@
 
 Used by ``test_connect.py`` (a ``serve`` in this process) and by the container tests (a
 ``serve`` in a podman container). The token reaches ``connect`` the way an editor would
-give it: through the environment, never argv.
+give it: through the environment, never argv. :func:`open_memory_connect` runs the same
+relay (``run_connect``) in this process, for tests whose subject is what it relays.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
-from conftest import RunningBridge, _reap
+import trio.testing
+from conftest import BridgeLines, RunningBridge, _reap
+
+from acp_bridge.commands import connect
+from acp_bridge.commands.serve import ListenAddress
 
 INITIALIZE: dict[str, Any] = {
     "protocolVersion": 1,
@@ -57,3 +64,62 @@ async def open_connect(
     finally:
         with trio.CancelScope(shield=True):
             await _reap(editor)
+
+
+@dataclass
+class MemoryConnect(BridgeLines):
+    """``connect``'s relay in a task of this process, spoken to over in-memory streams;
+    what it logs goes to ``connect-stderr`` in its folder, in the command's format."""
+
+    to_connect: trio.abc.SendStream = field(kw_only=True)
+    from_connect: trio.abc.ReceiveStream = field(kw_only=True)
+    status: int | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def stdin(self) -> trio.abc.SendStream:
+        return self.to_connect
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self.from_connect
+
+    async def wait(self) -> int:
+        await self.finished.wait()
+        assert self.status is not None
+        return self.status
+
+
+@asynccontextmanager
+async def open_memory_connect(
+    address: str, directory: Path, *, token: str | None = None
+) -> AsyncIterator[MemoryConnect]:
+    """:func:`open_connect` without a process: ``token`` is what the command reads from
+    ``ACP_BRIDGE_TOKEN``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    to_connect, editor_in = trio.testing.memory_stream_one_way_pair()
+    editor_out, from_connect = trio.testing.memory_stream_one_way_pair()
+    editor = MemoryConnect(directory, to_connect=to_connect, from_connect=from_connect)
+    handler = logging.FileHandler(directory / "connect-stderr")
+    handler.setFormatter(logging.Formatter("acp-bridge connect: %(levelname)s %(message)s"))
+    connect.log.addHandler(handler)
+
+    async def run() -> None:
+        try:
+            editor.status = await connect.run_connect(
+                ListenAddress.parse(address), token, editor_in, editor_out
+            )
+        finally:
+            # As the process's streams close when it exits.
+            await editor_out.aclose()
+            await editor_in.aclose()
+            editor.finished.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            yield editor
+            nursery.cancel_scope.cancel()  # as _reap kills a process left running
+    finally:
+        connect.log.removeHandler(handler)
+        handler.close()

@@ -1,13 +1,15 @@
 """``acp-bridge connect``: an editor's stdio end for a ``serve`` sidecar.
 
-The sidecar runs in this process in front of the fake agent; ``connect`` runs as the
-subprocess an editor would launch, with the token in its environment.
+The sidecar runs in this process in front of the fake agent (a coroutine); ``connect``
+runs as the subprocess an editor would launch, with the token in its environment, where
+the command itself is the subject (the token from the environment or a file, a sidecar
+killed), and as its relay in this process (``open_memory_connect``) where what it relays
+is.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,10 +17,13 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from conftest import fake_agent_argv, pid_alive
+from click.testing import CliRunner
+from conftest import fake_agent_argv
 from harness import bridge_env
-from sidecar import INITIALIZE, open_connect, system_prompt
+from memory_agent import ScriptedSpawner
+from sidecar import INITIALIZE, open_connect, open_memory_connect, system_prompt
 
+from acp_bridge.commands.cli import main
 from acp_bridge.commands.connect import Outstanding, with_token
 from acp_bridge.commands.serve import ListenAddress, ServeLimits, Server, serve
 from acp_bridge.registry import AdapterRegistry
@@ -31,15 +36,26 @@ TOKEN = "c0nnect-t0ken"
 
 @asynccontextmanager
 async def sidecar(
-    tmp_path: Path, token: str | None = TOKEN, limits: ServeLimits | None = None
+    tmp_path: Path,
+    token: str | None = TOKEN,
+    limits: ServeLimits | None = None,
+    spawner: ScriptedSpawner | None = None,
 ) -> AsyncIterator[str]:
-    """A TCP ``serve`` on 127.0.0.1 in front of the fake agent; yields its address."""
+    """A TCP ``serve`` on 127.0.0.1 in front of the fake agent, run as a coroutine by
+    ``spawner``; yields its address."""
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir(exist_ok=True)
     options = BridgeOptions(
         agent_argv=fake_agent_argv(agent_dir, "--caps", NATIVE), shutdown_grace=0.5
     )
-    server = Server(options, SessionStore(":memory:"), AdapterRegistry(), token, limits)
+    server = Server(
+        options,
+        SessionStore(":memory:"),
+        AdapterRegistry(),
+        token,
+        limits,
+        spawner=spawner or ScriptedSpawner(),
+    )
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(serve, server, ListenAddress("tcp", host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
@@ -48,13 +64,15 @@ async def sidecar(
 
 
 @asynccontextmanager
-async def stoppable_sidecar(tmp_path: Path) -> AsyncIterator[tuple[str, trio.Event]]:
+async def stoppable_sidecar(
+    tmp_path: Path, spawner: ScriptedSpawner | None = None
+) -> AsyncIterator[tuple[str, trio.Event]]:
     """:func:`sidecar` in a task of its own; setting the event shuts it down (its agent
     stops, its socket closes) while the body goes on. Yields the address and the event."""
     stop = trio.Event()
 
     async def run_sidecar(task_status: trio.TaskStatus[str]) -> None:
-        async with sidecar(tmp_path) as address:
+        async with sidecar(tmp_path, spawner=spawner) as address:
             task_status.started(address)
             await stop.wait()
 
@@ -119,7 +137,7 @@ async def test_a_wrong_or_missing_token_is_an_error_to_initialize(tmp_path: Path
     with trio.fail_after(30):
         async with sidecar(tmp_path) as address:
             for name, token in (("wrong", "not-the-token"), ("missing", None)):
-                async with open_connect(address, tmp_path / name, token=token) as editor:
+                async with open_memory_connect(address, tmp_path / name, token=token) as editor:
                     await editor.request("init-7", "initialize", INITIALIZE)
                     answer = await editor.response_to("init-7")
                     assert answer["error"]["code"] == -32000
@@ -133,7 +151,7 @@ async def test_a_wrong_or_missing_token_is_an_error_to_initialize(tmp_path: Path
 async def test_an_unreachable_sidecar_is_an_error_to_initialize(tmp_path: Path) -> None:
     with trio.fail_after(30):
         address = f"unix:{tmp_path / 'nobody-listens.sock'}"
-        async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+        async with open_memory_connect(address, tmp_path / "editor", token=TOKEN) as editor:
             await editor.request(41, "initialize", INITIALIZE)
             answer = await editor.response_to(41)
             assert await editor.wait() == 1
@@ -151,7 +169,7 @@ async def test_a_sidecar_at_its_connection_cap_answers_initialize_by_its_id(
             host, port = address.removeprefix("tcp://").rsplit(":", 1)
             holder = await trio.open_tcp_stream(host, int(port))  # takes the only slot
             await trio.sleep(0.2)
-            async with open_connect(address, tmp_path / "editor", token=TOKEN) as editor:
+            async with open_memory_connect(address, tmp_path / "editor", token=TOKEN) as editor:
                 await editor.request(5, "initialize", INITIALIZE)
                 answer = await editor.response_to(5)
                 assert await editor.wait() == 1
@@ -161,19 +179,20 @@ async def test_a_sidecar_at_its_connection_cap_answers_initialize_by_its_id(
 
 
 async def test_connect_exits_when_the_sidecar_goes_away(tmp_path: Path) -> None:
+    spawner = ScriptedSpawner()
     with trio.fail_after(30):
         async with (
-            stoppable_sidecar(tmp_path) as (address, cancel),
-            open_connect(address, tmp_path / "editor", token=TOKEN) as editor,
+            stoppable_sidecar(tmp_path, spawner) as (address, cancel),
+            open_memory_connect(address, tmp_path / "editor", token=TOKEN) as editor,
         ):
             await editor.request(0, "initialize", INITIALIZE)
             await editor.response_to(0)
-            agent_pid = int((tmp_path / "agent" / "agent.pid").read_text())
+            (agent,) = spawner.agents
             cancel.set()  # the sidecar shuts down: its agent stops, the socket closes
             assert await editor.read_to_eof() == []
             # The editor did not leave: the sidecar going away is a failure to report.
             assert await editor.wait() == 1
-    assert not pid_alive(agent_pid)
+    assert agent.returncode is not None  # it has exited
 
 
 HANG = {"jsonrpc": "2.0", "id": "turn-1", "method": "_test/hang", "params": {}}
@@ -183,7 +202,7 @@ async def test_a_turn_in_flight_when_the_sidecar_stops_gets_an_error(tmp_path: P
     with trio.fail_after(30):
         async with (
             stoppable_sidecar(tmp_path) as (address, cancel),
-            open_connect(address, tmp_path / "editor", token=TOKEN) as editor,
+            open_memory_connect(address, tmp_path / "editor", token=TOKEN) as editor,
         ):
             await editor.request(0, "initialize", INITIALIZE)
             await editor.response_to(0)
@@ -248,7 +267,7 @@ def test_with_token_adds_it_next_to_existing_meta() -> None:
 
 def test_the_token_is_never_an_argument() -> None:
     # connect has no --token option: argv is readable by every local user.
-    done = os.popen(f"{sys.executable} -m acp_bridge connect --help").read()
+    done = CliRunner().invoke(main, ["connect", "--help"], prog_name="acp-bridge").output
     assert "--token-file" in done
     assert "--token " not in done and "--token\n" not in done
 
@@ -279,7 +298,7 @@ async def test_a_sidecar_that_closes_before_answering_yields_an_error(tmp_path: 
     with trio.fail_after(20):
         async with (
             scripted_sidecar(chunks) as address,
-            open_connect(address, tmp_path / "editor") as editor,
+            open_memory_connect(address, tmp_path / "editor") as editor,
         ):
             await editor.request(8, "initialize", INITIALIZE)
             lines = await editor.read_to_eof()
@@ -297,7 +316,7 @@ async def test_an_answer_split_across_reads_is_passed_on_unchanged(tmp_path: Pat
     with trio.fail_after(20):
         async with (
             scripted_sidecar(chunks) as address,
-            open_connect(address, tmp_path / "editor") as editor,
+            open_memory_connect(address, tmp_path / "editor") as editor,
         ):
             await editor.request(8, "initialize", INITIALIZE)
             await editor.read_to_eof()
