@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+from click.testing import CliRunner
 from harness import (
     NATIVE_OVERRIDE,
     TIMEOUT,
@@ -21,6 +22,7 @@ from harness import (
 
 from acp_bridge import __version__, builtin_adapters, registry
 from acp_bridge.adapter import Adapter
+from acp_bridge.commands.cli import main
 from acp_bridge.core.capabilities import native_delivery
 from acp_bridge.registry import AdapterNotFound, AdapterRegistry
 
@@ -258,21 +260,16 @@ async def test_adapter_option_beats_auto_choice_in_the_command(tmp_path: Path) -
     assert caps["sessionCapabilities"]["systemPrompt"] == {}
 
 
-async def test_unknown_adapter_option_fails_before_starting_the_agent(tmp_path: Path) -> None:
+def test_unknown_adapter_option_fails_before_starting_the_agent(tmp_path: Path) -> None:
+    """Through the command line in this process (click's runner): a name that is not a
+    built-in adapter is not started early (launch.py), and is refused before the run
+    command starts anything."""
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    argv = [sys.executable, "-m", "acp_bridge", "--adapter", "no-such-adapter"]
-    argv += ["--state", ":memory:", "--", *agent.argv()]
-    with trio.fail_after(TIMEOUT):
-        done = await trio.run_process(
-            argv,
-            stdin=b"",
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=bridge_env(tmp_path),
-        )
-    assert done.returncode != 0
-    assert b"no-such-adapter" in done.stderr
-    assert b"first-turn" in done.stderr  # the message lists the adapters there are
-    assert done.stdout == b""  # nothing but ACP ever goes to stdout
+    args = ["--adapter", "no-such-adapter", "--state", ":memory:", "--", *agent.argv()]
+    env: dict[str, str | None] = dict(bridge_env(tmp_path))
+    done = CliRunner().invoke(main, args, input=b"", env=env, prog_name="acp-bridge")
+    assert done.exit_code != 0
+    assert b"no-such-adapter" in done.stderr_bytes
+    assert b"first-turn" in done.stderr_bytes  # the message lists the adapters there are
+    assert done.stdout_bytes == b""  # nothing but ACP ever goes to stdout
     assert not agent.record.exists()

@@ -218,12 +218,12 @@ async def test_a_close_the_agent_answers_not_found_leaves_the_session_not_live()
     store.close()
 
 
-async def test_through_the_cli_a_slow_user_adapter_holds_up_only_its_session(
-    open_bridge: Any,
+async def test_configured_by_file_a_slow_user_adapter_holds_up_only_its_session(
+    open_memory_bridge: Any,
 ) -> None:
     config = {"adapter_paths": [str(USER_ADAPTERS)], "adapter": "slow"}
     with trio.fail_after(20):
-        async with open_bridge(config=config) as bridge:
+        async with open_memory_bridge(config=config) as bridge:
             await bridge.request(0, "initialize", {"protocolVersion": 1})
             await bridge.receive()
             await bridge.send(new_session("held"))
