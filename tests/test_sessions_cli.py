@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from acp_bridge.commands.cli import main
 from acp_bridge.commands.sessions_cli import sessions
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.state.store import SessionStore
@@ -204,15 +203,12 @@ def test_a_broken_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def show_through_the_command_line(state: Path, session_id: str) -> str:
-    command = [sys.executable, "-m", "acp_bridge", "sessions", "--state", str(state)]
-    done = subprocess.run(
-        [*command, "show", session_id],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.decode()
+    """``acp-bridge sessions --state STATE show ID`` from the top of the command line (click's
+    runner, in this process): what it prints."""
+    command = ["sessions", "--state", str(state), "show", session_id]
+    done = CliRunner().invoke(main, command, prog_name="acp-bridge")
+    assert done.exit_code == 0, done.stderr
+    return done.stdout
 
 
 def test_show_claims_nothing_about_turns_for_a_prompt_delivered_another_way(
