@@ -198,15 +198,19 @@ async def bridge_in_process(
     *,
     version: int = 1,
     registry: AdapterRegistry | None = None,
+    bridge_options: BridgeOptions | None = None,
     **options: Any,
 ) -> AsyncIterator[Peer]:
-    """A bridge over in-memory streams in front of the fake agent as a coroutine."""
+    """A bridge over in-memory streams in front of the fake agent as a coroutine;
+    ``bridge_options`` (the agent's command among them) replace ``options``."""
     to_bridge_send, to_bridge_receive = trio.testing.memory_stream_one_way_pair()
     to_client_send, to_client_receive = trio.testing.memory_stream_one_way_pair()
     tee = Tee(to_client_receive)
+    if bridge_options is None:
+        bridge_options = BridgeOptions(agent_argv=agent.argv(), shutdown_grace=5.0, **options)
     async with trio.open_nursery() as nursery:
         bridge = Bridge(
-            BridgeOptions(agent_argv=agent.argv(), shutdown_grace=5.0, **options),
+            bridge_options,
             to_bridge_receive,
             to_client_send,
             Lifecycle(store, AGENT_NAME),
@@ -245,6 +249,44 @@ async def bridge_process(
     argv = [sys.executable, "-m", "acp_bridge", *options, "--", *agent.argv()]
     async with spawn_bridge(argv, bridge_env(home)) as (client, _process):
         yield Peer(client, version)
+
+
+@asynccontextmanager
+async def command_in_process(
+    agent: FakeAgent,
+    *,
+    home: Path,
+    config: Path | None = None,
+    adapter: str | None = None,
+    version: int = 1,
+) -> AsyncIterator[Peer]:
+    """The bridge as ``acp-bridge [--config CONFIG] [--adapter ADAPTER] --state :memory:
+    -- fake_agent ...`` configures it (the run command's own ``resolve_runtime``: the
+    configuration file, the user's adapter folders, the adapter option), run in this
+    process in front of the fake agent as a coroutine. Without ``config``, an empty file
+    stands for none (what this machine's user may have set must not leak in)."""
+    from acp_bridge.commands.cli import resolve_runtime
+
+    environment = bridge_env(home)
+    if config is None:
+        config = home / "empty-config.yaml"
+        config.write_text("bridge: {}\n")
+    runtime = resolve_runtime(
+        agent.argv(),
+        agent_name=None,
+        config_file=config,
+        adapter=adapter,
+        state=":memory:",
+        no_override=None,
+        on_omitted=None,
+        log_level=None,
+        variables={key: environment[key] for key in ("HOME", "XDG_CONFIG_HOME")},
+    )
+    with SessionStore(runtime.state) as store:
+        async with bridge_in_process(
+            agent, store, version=version, registry=runtime.registry, bridge_options=runtime.options
+        ) as peer:
+            yield peer
 
 
 @dataclass

@@ -16,7 +16,7 @@ from harness import (
     TIMEOUT,
     FakeAgent,
     bridge_env,
-    bridge_process,
+    command_in_process,
     wire_prompt,
 )
 
@@ -222,9 +222,8 @@ async def test_config_adapter_paths_with_adapter_option_uses_the_user_adapter(
 ) -> None:
     config = write_config(tmp_path, user_folder)
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    options = ("--config", str(config), "--adapter", "shout", "--state", ":memory:")
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(agent, *options, home=tmp_path) as peer:
+        async with command_in_process(agent, config=config, adapter="shout", home=tmp_path) as peer:
             result = await peer.initialize()
             await peer.new(wire_prompt("be loud", mode="override"))
             await peer.sync()
@@ -242,18 +241,15 @@ async def test_config_adapter_paths_take_part_in_auto_choice(
     config = write_config(tmp_path, user_folder)
     agent = FakeAgent(tmp_path / "agent.jsonl", name="shouty-agent")
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(
-            agent, "--config", str(config), "--state", ":memory:", home=tmp_path
-        ) as peer:
+        async with command_in_process(agent, config=config, home=tmp_path) as peer:
             result = await peer.initialize()
     assert result["agentCapabilities"]["_meta"]["acp-bridge"]["adapter"] == "shout"
 
 
 async def test_adapter_option_beats_auto_choice_in_the_command(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
-    options = ("--adapter", "first-turn", "--state", ":memory:")
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(agent, *options, home=tmp_path) as peer:
+        async with command_in_process(agent, adapter="first-turn", home=tmp_path) as peer:
             result = await peer.initialize()
     caps = result["agentCapabilities"]
     assert caps["_meta"]["acp-bridge"]["adapter"] == "first-turn"
