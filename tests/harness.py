@@ -258,12 +258,13 @@ async def command_in_process(
     home: Path,
     config: Path | None = None,
     adapter: str | None = None,
+    no_override: bool = False,
     version: int = 1,
 ) -> AsyncIterator[Peer]:
-    """The bridge as ``acp-bridge [--config CONFIG] [--adapter ADAPTER] --state :memory:
-    -- fake_agent ...`` configures it (the run command's own ``resolve_runtime``: the
-    configuration file, the user's adapter folders, the adapter option), run in this
-    process in front of the fake agent as a coroutine. Without ``config``, an empty file
+    """The bridge as ``acp-bridge [--config CONFIG] [--adapter ADAPTER] [--no-override]
+    --state :memory: -- fake_agent ...`` configures it (the run command's own
+    ``resolve_runtime``: the configuration file, the user's adapter folders, the options),
+    run in this process in front of the fake agent as a coroutine. Without ``config``, an empty file
     stands for none (what this machine's user may have set must not leak in)."""
     from acp_bridge.commands.cli import resolve_runtime
 
@@ -277,7 +278,7 @@ async def command_in_process(
         config_file=config,
         adapter=adapter,
         state=":memory:",
-        no_override=None,
+        no_override=no_override or None,
         on_omitted=None,
         log_level=None,
         variables={key: environment[key] for key in ("HOME", "XDG_CONFIG_HOME")},

@@ -23,7 +23,7 @@ from harness import (
     FakeAgent,
     Peer,
     bridge_in_process,
-    bridge_process,
+    command_in_process,
     in_process_peer,
     joined,
     lifecycle_params,
@@ -216,9 +216,7 @@ async def test_override_rejected_when_policy_forbids_it_on_an_agent_that_could(
 async def test_override_rejected_with_no_override_flag(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path / "agent.jsonl", caps=NATIVE_OVERRIDE)
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(
-            agent, "--no-override", "--state", ":memory:", home=tmp_path
-        ) as peer:
+        async with command_in_process(agent, no_override=True, home=tmp_path) as peer:
             await assert_override_not_offered_and_refused(peer, agent)
 
 
@@ -237,9 +235,7 @@ async def test_prompt_limit_is_configurable(tmp_path: Path) -> None:
     config.write_text("bridge:\n  max_prompt_bytes: 10\n")
     agent = FakeAgent(tmp_path / "agent.jsonl")
     with trio.fail_after(TIMEOUT):
-        async with bridge_process(
-            agent, "--config", str(config), "--state", ":memory:", home=tmp_path
-        ) as peer:
+        async with command_in_process(agent, config=config, home=tmp_path) as peer:
             await peer.initialize()
             # Ten bytes are fine, eleven are not; "é" counts as the two bytes it takes, and
             # the blank line that joins two blocks as the two it adds to what is delivered.
