@@ -66,6 +66,21 @@ async def open_connect(
             await _reap(editor)
 
 
+async def wait_listening(path: Path) -> None:
+    """Wait until a ``serve`` started as a process accepts connections on the unix socket
+    ``path``. The file exists once the socket is bound, a moment before it listens: a
+    connection refused in between is tried again (and one accepted is closed at once, as a
+    probe that starts no agent)."""
+    while True:
+        try:
+            stream = await trio.open_unix_socket(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            await trio.sleep(0.05)
+            continue
+        await stream.aclose()
+        return
+
+
 @dataclass
 class MemoryConnect(BridgeLines):
     """``connect``'s relay in a task of this process, spoken to over in-memory streams;

@@ -21,7 +21,13 @@ from click.testing import CliRunner
 from conftest import fake_agent_argv
 from harness import bridge_env
 from memory_agent import ScriptedSpawner
-from sidecar import INITIALIZE, open_connect, open_memory_connect, system_prompt
+from sidecar import (
+    INITIALIZE,
+    open_connect,
+    open_memory_connect,
+    system_prompt,
+    wait_listening,
+)
 
 from acp_bridge.commands.cli import main
 from acp_bridge.commands.connect import Outstanding, with_token
@@ -226,8 +232,7 @@ async def test_a_turn_in_flight_when_the_sidecar_is_killed_gets_an_error(tmp_pat
     with trio.fail_after(30):
         server = await trio.lowlevel.open_process(argv, env=bridge_env(tmp_path))
         try:
-            while not socket_path.exists():
-                await trio.sleep(0.05)
+            await wait_listening(socket_path)
             async with open_connect(f"unix:{socket_path}", tmp_path / "editor") as editor:
                 await editor.request(0, "initialize", INITIALIZE)
                 await editor.response_to(0)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 from memory_agent import ScriptedSpawner
+from sidecar import wait_listening
 
 from acp_bridge.commands.serve import (
     ListenAddress,
@@ -330,8 +331,7 @@ async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
         process = await nursery.start(partial(trio.run_process, argv, env=env, check=False))
         try:
             with trio.fail_after(20):
-                while not socket_path.exists():
-                    await trio.sleep(0.05)
+                await wait_listening(socket_path)
                 answers = []
                 for token in ("wrong", "from-a-file"):
                     stream = await trio.open_unix_socket(str(socket_path))
