@@ -29,7 +29,7 @@ The rules, in the order a line meets them:
    nothing if nothing went. The sender hears what it would have for the whole line: a
    client the error, with the request's id when the start named one; when an agent's line
    was the answer to a client request, the client gets an error for it
-   (:meth:`~acp_bridge.core.router.Router.agent_line_refused`).
+   (:meth:`LongLines.refused`).
 5. **Arrived whole.** A long line that arrived in one read takes the validator too
    (:meth:`LongLines.whole`): if the router passes it on unchanged (rules 1 and 3 at once)
    it is recorded and goes on as it came; otherwise it is parsed the usual way.
@@ -49,6 +49,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
+from acp_bridge.core.pending import FromClient
 from acp_bridge.core.router import CLIENT, PRIMARY, Router
 from acp_bridge.wire import json_stream, jsonrpc
 from acp_bridge.wire.json_stream import Envelope, LineValidator
@@ -56,6 +57,9 @@ from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, FrameError, JsonObject, Kind
 
 log = logging.getLogger("acp_bridge.long_lines")
 
+AGENT_ANSWER_REFUSED: Final = (
+    "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
+)
 ROUTE_CHANGED: Final = (
     "The bridge could not pass the message on as it came: a member after its large one "
     "changes how it must be routed."
@@ -138,7 +142,7 @@ class LongLines:
             log.warning(
                 "agent hop %d: cut a long line that is not JSON-RPC: %s", line.sender, error.message
             )
-            self.router.agent_line_refused(line.sender, line.validator.envelope)
+            self.refused(line.sender, line.validator.envelope)
         return self._ending(line)
 
     def overlong(self, sender: int, line: LongLine | None, size: int, limit: int) -> bytes | None:
@@ -152,9 +156,20 @@ class LongLines:
             )
         else:
             if line is not None:
-                self.router.agent_line_refused(sender, line.validator.envelope)
+                self.refused(sender, line.validator.envelope)
             log.warning("agent hop %d: dropped a %d-byte line over the line limit", sender, size)
         return None if line is None else self._ending(line)
+
+    def refused(self, hop: int, envelope: Envelope, message: str = AGENT_ANSWER_REFUSED) -> None:
+        """A line of process ``hop`` was not passed on, or was cut after its start went on:
+        if it was the answer to a client request (as far as it was read), the client gets
+        ``message`` as the error."""
+        members = envelope.members
+        if "method" in members or ("result" not in members and "error" not in members):
+            return
+        wire_id = members.get("id")
+        if is_request_id(wire_id):
+            self.router.lose_client_request(hop, wire_id, message)
 
     @staticmethod
     def _ending(line: LongLine) -> bytes | None:
@@ -193,7 +208,7 @@ class LongLines:
                 fault = FrameError(error.code, error.message, envelope.request_id())
             else:
                 log.warning("agent hop %d: dropped a line: %s", sender, error.message)
-                self.router.agent_line_refused(sender, envelope, error.message)
+                self.refused(sender, envelope, error.message)
                 return None
         if sender == CLIENT:
             answered = fault or error
@@ -206,7 +221,7 @@ class LongLines:
                 (fault or error).message,
                 preview,
             )
-            self.router.agent_line_refused(sender, envelope)
+            self.refused(sender, envelope)
         return None
 
     def _pass_whole(self, sender: int, envelope: Envelope) -> int | None:
@@ -215,7 +230,7 @@ class LongLines:
             if router.gate.active or router.hops[PRIMARY].closed:
                 return None
             receiver = PRIMARY
-        elif router.holding_for_client(sender):
+        elif router.answer_hold.holding(sender):
             return None
         else:
             receiver = CLIENT
@@ -236,7 +251,7 @@ class LongLines:
             if not self._client_may_pass(envelope.members, envelope.open_member):
                 return None
             return PRIMARY
-        if router.holding_for_client(sender):
+        if router.answer_hold.holding(sender):
             return None
         if not self._agent_may_pass(sender, envelope.members, envelope.open_member):
             return None
@@ -275,7 +290,7 @@ class LongLines:
                 and request_id not in router.hops[PRIMARY].pending
             )
         if open_member in ("result", "error") and "id" in members and "method" not in members:
-            target = router.agent_request(request_id)
+            target = router.agent_requests.get(request_id)
             return target is None or target == (PRIMARY, request_id)
         return False
 
@@ -288,10 +303,10 @@ class LongLines:
             return (
                 type(members.get("method")) is str
                 and members["method"] != CANCEL_REQUEST
-                and not router.is_client_facing(request_id)
+                and request_id not in router.agent_requests
             )
         if open_member in ("result", "error") and "id" in members and "method" not in members:
             # Only the answer to a client request still pending (one that is not is dropped
             # whole, so it must be gathered whole).
-            return router.answers_client(hop, request_id)
+            return router.hops[hop].pending.get(request_id) == FromClient(request_id)
         return False

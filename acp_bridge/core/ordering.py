@@ -13,6 +13,13 @@ else keeps flowing. The rules:
 * Cancels (``session/cancel`` of the session, ``$/cancel_request`` of the request) wait only
   until the held request has been forwarded, so they can never overtake it.
 * Frames that wait keep their order among themselves, per key.
+
+The other direction has the mirror rule (:class:`AnswerHold`): once an agent process has
+answered an intercepted request whose client answer the bridge is still making (the hook
+runs on, the session is being recorded), what that process sends the client about the same
+session (for ``session/new`` and ``session/fork``, the session its answer names) waits
+until the bridge's answer has been sent, so it cannot overtake it; after ``initialize``,
+everything that process sends waits.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ CONNECTION: Final = ("connection",)
 Key: TypeAlias = tuple[Any, ...]
 
 SESSION_CANCEL: Final = "session/cancel"
+INITIALIZE: Final = "initialize"
+SESSION_PROMPT: Final = "session/prompt"
 
 
 def session_key(session_id: str) -> Key:
@@ -96,6 +105,20 @@ class Gate:
             self._holds[key] = Hold(token, until_answered)
         self._update()
 
+    def hold_for(self, request: Frame, token: int) -> None:
+        """An intercepted client request (interception ``token``) holds what it names: the
+        whole connection for ``initialize``, else its id and its session; until answered,
+        but for ``session/prompt`` only until forwarded."""
+        keys: list[Key]
+        if request.method == INITIALIZE:
+            keys = [CONNECTION]
+        else:
+            keys = [request_key(request.id)]
+            session_id = request.params.get("sessionId")
+            if isinstance(session_id, str):
+                keys.append(session_key(session_id))
+        self.hold(keys, token, until_answered=request.method != SESSION_PROMPT)
+
     def admit(self, frame: Frame) -> bool:
         """Whether ``frame`` may be processed now; if not, it is kept until :meth:`release`."""
         keys, cancels = frame_keys(frame)
@@ -140,4 +163,62 @@ class Gate:
                 break
             if not earlier or any(key in earlier for key in keys):
                 return True
+        return False
+
+
+class AnswerHold:
+    """Which agent frames for the client wait behind the bridge's answer to an intercepted
+    request the agent has already answered (the mirror rule above), and when they go."""
+
+    def __init__(self) -> None:
+        # Interception token -> (the hop that answered, the sessions its frames wait for;
+        # None: all of them).
+        self._pending: dict[int, tuple[int, frozenset[str] | None]] = {}
+        self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
+
+    def hold(self, token: int, hop: int, request: Frame, answer: Any) -> None:
+        """Process ``hop`` answered intercepted ``request``: hold what must not overtake
+        the bridge's answer."""
+        sessions: frozenset[str] | None = None
+        if request.method != INITIALIZE:
+            named = [request.params.get("sessionId")]
+            result = answer.get("result") if isinstance(answer, dict) else None
+            if isinstance(result, dict):
+                named.append(result.get("sessionId"))
+            sessions = frozenset(name for name in named if isinstance(name, str))
+            if not sessions:
+                return
+        self._pending[token] = (hop, sessions)
+        self._held.setdefault(hop, [])
+
+    def holding(self, hop: int | None = None) -> bool:
+        """Whether frames of ``hop`` (of any process: None) may have to wait now."""
+        return bool(self._held) if hop is None else hop in self._held
+
+    def admit(self, hop: int, raw: bytes, message: Any) -> bool:
+        """Whether a frame of ``hop`` for the client may go now; if not, it is kept."""
+        held = self._held.get(hop)
+        if held is None or not self._must_wait(hop, message):
+            return True
+        held.append(raw)
+        return False
+
+    def answered(self, token: int) -> list[bytes]:
+        """The bridge's answer for ``token`` is sent: the frames that follow it now."""
+        pending = self._pending.pop(token, None)
+        if pending is None or any(hop == pending[0] for hop, _ in self._pending.values()):
+            return []
+        return self._held.pop(pending[0], [])
+
+    def _must_wait(self, hop: int, message: Any) -> bool:
+        for pending_hop, sessions in self._pending.values():
+            if pending_hop != hop:
+                continue
+            if sessions is None:
+                return True
+            for member in message if isinstance(message, list) else [message]:
+                params = member.get("params") if isinstance(member, dict) else None
+                named = params.get("sessionId") if isinstance(params, dict) else None
+                if isinstance(named, str) and named in sessions:
+                    return True
         return False

@@ -5,10 +5,12 @@ connections ("hops"; hop 0 is the primary agent process). It owns
 
 * the pending-request table of every hop (:mod:`acp_bridge.core.pending`), for single
   messages and batch members alike, in both directions;
-* the client-facing ids of requests the agents send to the client, and the translation of
+* the client-facing ids of requests the agents send to the client
+  (:class:`~acp_bridge.core.pending.AgentRequests`), and the translation of
   ``$/cancel_request`` both ways (a cancel without ``requestId`` passes as it came);
-* the order of client frames while interceptions are in progress
-  (:mod:`acp_bridge.core.ordering`).
+* the interceptions in progress, and the order of frames around them both ways
+  (:mod:`acp_bridge.core.ordering`);
+* where each session lives while several agent processes run.
 
 It does no I/O and calls nothing it is not made with. Like h11's connection it owns its
 output: the bytes each peer must get queue in the router, in the order the peer must
@@ -34,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from acp_bridge.core.exits import describe_exit
-from acp_bridge.core.ordering import CONNECTION, Gate, Key, request_key, session_key
-from acp_bridge.core.pending import ForWaiter, FromClient, PendingTable
+from acp_bridge.core.ordering import INITIALIZE as INITIALIZE  # noqa: PLC0414
+from acp_bridge.core.ordering import AnswerHold, Gate
+from acp_bridge.core.pending import AgentRequests, ForWaiter, FromClient, PendingTable
 from acp_bridge.wire import jsonrpc
-from acp_bridge.wire.json_stream import Envelope
 from acp_bridge.wire.jsonrpc import (
     CANCEL_REQUEST,
     Frame,
@@ -52,15 +54,6 @@ log = logging.getLogger("acp_bridge.router")
 
 CLIENT: Final = -1
 PRIMARY: Final = 0
-
-INITIALIZE: Final = "initialize"
-# Intercepted session/prompt holds its session only until forwarded (see ordering).
-SESSION_PROMPT: Final = "session/prompt"
-
-
-AGENT_ANSWER_REFUSED: Final = (
-    "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +125,45 @@ def cancelled_request(message: JsonObject) -> JsonObject | None:
     return None
 
 
-def _member_kind(message: Any) -> Kind | jsonrpc.FrameError:
+MemberKind: TypeAlias = Kind | jsonrpc.FrameError
+# What routing one client message decided: the hop, the message, whether it was changed.
+Routed: TypeAlias = tuple[int, Any, bool]
+
+
+def batch_refusal(
+    members: list[Any], kinds: list[MemberKind], intercepted: frozenset[str]
+) -> list[JsonObject] | None:
+    """The errors a client batch holding an intercepted method is answered with, or None
+    if it holds none. Refused whole: answering part of it would split what the client sent
+    as one. Every member that expects an answer gets one: each request, and each member
+    that is not a message but names an id it can be answered under."""
+    refused = [
+        member
+        for member, kind in zip(members, kinds, strict=True)
+        if kind in (Kind.REQUEST, Kind.NOTIFICATION) and member["method"] in intercepted
+    ]
+    if not refused:
+        return None
+    errors = []
+    for member, kind in zip(members, kinds, strict=True):
+        if not (
+            isinstance(member, dict)
+            and "id" in member
+            and is_request_id(member["id"])
+            and (kind is Kind.REQUEST or isinstance(kind, jsonrpc.FrameError))
+        ):
+            continue
+        if isinstance(kind, jsonrpc.FrameError):
+            reason = f"A batch member is not a JSON-RPC message: {kind.message}"
+        elif member in refused:
+            reason = f"The method {member['method']} must not be sent in a batch."
+        else:
+            reason = "The batch holds session requests, which must not be batched."
+        errors.append(jsonrpc.error_response(member["id"], jsonrpc.INVALID_REQUEST, reason))
+    return errors
+
+
+def _member_kind(message: Any) -> MemberKind:
     """A batch member's kind by the rules of :func:`jsonrpc.classify_message`, or why it is
     not a JSON-RPC message (with its id when that could be read)."""
     if not isinstance(message, dict):
@@ -160,16 +191,10 @@ class Router:
         self._tokens = itertools.count(1)
         # Client request id -> (hop, wire id): where it went, for $/cancel_request.
         self._client_inflight: dict[RequestId, tuple[int, RequestId]] = {}
-        # Agent requests to the client: client-facing id -> (hop, the agent's id), and back.
-        self._agent_requests: dict[RequestId, tuple[int, RequestId]] = {}
-        self._agent_request_ids: dict[tuple[int, RequestId], RequestId] = {}
-        self._client_facing = PendingTable()
-        # An agent answered an intercepted request whose client answer the runtime is still
-        # making (the hook runs on, the session is being recorded): what that process sends
-        # the client meanwhile about the same session waits, so it cannot overtake the
-        # answer (spec §2, order); after initialize, everything it sends waits.
-        self._answer_pending: dict[int, tuple[int, frozenset[str] | None]] = {}
-        self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
+        self.agent_requests = AgentRequests()
+        """The agent requests sent to the client, by the ids the client knows them by."""
+        self.answer_hold = AnswerHold()
+        """Agent frames for the client waiting behind the bridge's answer to a request."""
 
     def configure(self, *, intercepted: frozenset[str]) -> None:
         """The client's ``initialize`` is answered: the client methods intercepted from now
@@ -222,11 +247,7 @@ class Router:
                 )
             else:
                 events.append(Abandoned(origin.waiter, status))
-        for client_id, (owner, agent_id) in list(self._agent_requests.items()):
-            if owner == hop:
-                del self._agent_requests[client_id]
-                self._client_facing.resolve(client_id)
-                self._agent_request_ids.pop((hop, agent_id), None)
+        self.agent_requests.drop_hop(hop)
         return events
 
     @property
@@ -285,18 +306,21 @@ class Router:
                 return
             if method == "authenticate":
                 self.authenticate_params = frame.params
-            self._send_member(self._client_request(frame.message), frame.raw)
-        elif kind is Kind.NOTIFICATION:
-            self._send_member(self._client_notification(frame.message), frame.raw)
-        elif kind is Kind.RESPONSE:
-            self._send_member(self._client_response(frame.message), frame.raw)
-        else:
+        if kind is Kind.BATCH:
             self._client_batch(frame)
-
-    def _send_member(self, routed: tuple[int, Any, bool] | None, raw: bytes) -> None:
+            return
+        routed = self._route_client(kind, frame.message)
         if routed is not None:
             hop, message, changed = routed
-            self._send(hop, jsonrpc.encode(message) if changed else raw)
+            self._send(hop, jsonrpc.encode(message) if changed else frame.raw)
+
+    def _route_client(self, kind: Kind, message: JsonObject) -> Routed | None:
+        """Take one client message into the tables; None: answered or dropped."""
+        if kind is Kind.REQUEST:
+            return self._client_request(message)
+        if kind is Kind.NOTIFICATION:
+            return self._client_notification(message)
+        return self._client_response(message)
 
     def hop_for(self, message: JsonObject) -> int:
         """The hop a client message goes to: the one its session was placed in, else (or
@@ -310,7 +334,7 @@ class Router:
             return PRIMARY
         return hop
 
-    def _client_request(self, message: JsonObject) -> tuple[int, Any, bool] | None:
+    def _client_request(self, message: JsonObject) -> Routed | None:
         client_id = message["id"]
         hop = self.hop_for(message)
         state = self.hops[hop]
@@ -328,7 +352,7 @@ class Router:
             return hop, message, False
         return hop, {**message, "id": wire_id}, True
 
-    def _client_notification(self, message: JsonObject) -> tuple[int, Any, bool] | None:
+    def _client_notification(self, message: JsonObject) -> Routed:
         params = cancelled_request(message)
         if params is not None:
             target = self._client_inflight.get(params["requestId"])
@@ -339,16 +363,14 @@ class Router:
                 return hop, {**message, "params": {**params, "requestId": wire_id}}, True
         return self.hop_for(message), message, False
 
-    def _client_response(self, message: JsonObject) -> tuple[int, Any, bool] | None:
-        target = self._agent_requests.pop(message["id"], None)
+    def _client_response(self, message: JsonObject) -> Routed | None:
+        target = self.agent_requests.resolve(message["id"])
         if target is None:
             log.debug(
                 "the client answered an unknown request %r; passed to the agent", message["id"]
             )
             return PRIMARY, message, False
-        self._client_facing.resolve(message["id"])
         hop, agent_id = target
-        self._agent_request_ids.pop((hop, agent_id), None)
         if self.hops[hop].closed:
             log.debug("dropped the client's answer to a request of an agent process that is gone")
             return None
@@ -359,55 +381,26 @@ class Router:
     def _client_batch(self, frame: Frame) -> None:
         members: list[Any] = frame.message
         kinds = [_member_kind(member) for member in members]
-        intercepted = [
-            member
-            for member, kind in zip(members, kinds, strict=True)
-            if kind in (Kind.REQUEST, Kind.NOTIFICATION) and member["method"] in self.intercepted
-        ]
-        if intercepted:
-            # Refused whole: answering part of it would split what the client sent as one.
-            # Every member that expects an answer gets one: each request, and each member
-            # that is not a message but names an id it can be answered under.
-            errors = []
-            for member, kind in zip(members, kinds, strict=True):
-                if not (
-                    isinstance(member, dict)
-                    and "id" in member
-                    and is_request_id(member["id"])
-                    and (kind is Kind.REQUEST or isinstance(kind, jsonrpc.FrameError))
-                ):
-                    continue
-                if isinstance(kind, jsonrpc.FrameError):
-                    reason = f"A batch member is not a JSON-RPC message: {kind.message}"
-                elif member in intercepted:
-                    reason = f"The method {member['method']} must not be sent in a batch."
-                else:
-                    reason = "The batch holds session requests, which must not be batched."
-                errors.append(jsonrpc.error_response(member["id"], jsonrpc.INVALID_REQUEST, reason))
+        errors = batch_refusal(members, kinds, self.intercepted)
+        if errors is not None:
             if errors:
                 self._send(CLIENT, jsonrpc.encode(errors))
             return
         groups: dict[int, list[Any]] = {}
         changed = False
         for member, kind in zip(members, kinds, strict=True):
-            routed: tuple[int, Any, bool] | None
-            if kind is Kind.REQUEST:
-                routed = self._client_request(member)
-            elif kind is Kind.NOTIFICATION:
-                routed = self._client_notification(member)
-            elif kind is Kind.RESPONSE:
-                routed = self._client_response(member)
-            else:
+            if isinstance(kind, jsonrpc.FrameError):
                 # The bridge answers a malformed member itself (under its id when it has a
                 # readable one): nothing but JSON-RPC reaches the agent, and the batch's
                 # other members still go.
-                assert isinstance(kind, jsonrpc.FrameError)
                 self.answer_error(
                     kind.request_id,
                     jsonrpc.INVALID_REQUEST,
                     f"A batch member is not a JSON-RPC message: {kind.message}",
                 )
                 routed = None
+            else:
+                routed = self._route_client(kind, member)
             if routed is None:
                 changed = True
                 continue
@@ -433,58 +426,19 @@ class Router:
         """Take a client message whose bytes the runtime passes on itself (a long line,
         :mod:`acp_bridge.core.long_lines`) into the tables as if it had come whole: the
         hop it goes to and whether the router would change it; None: answered or dropped."""
-        if kind is Kind.REQUEST:
-            routed = self._client_request(message)
-        elif kind is Kind.NOTIFICATION:
-            routed = self._client_notification(message)
-        else:
-            routed = self._client_response(message)
+        routed = self._route_client(kind, message)
         return None if routed is None else (routed[0], routed[2])
 
     def record_from_agent(self, hop: int, kind: Kind, message: JsonObject) -> bool | None:
         """The same for an agent message: whether the router would change it; None:
         dropped (an answer to no pending request)."""
-        routed: tuple[Any, bool] | None
-        if kind is Kind.RESPONSE:
-            routed = self._agent_response(hop, message, None, [])
-        elif kind is Kind.REQUEST:
-            routed = self._agent_request(hop, message)
-        else:
-            routed = self._agent_notification(hop, message)
+        routed = self._route_agent(hop, kind, message, None, [])
         return None if routed is None else routed[1]
 
-    def agent_request(self, client_id: Any) -> tuple[int, RequestId] | None:
-        """The hop and own id of the agent request the client knows as ``client_id``."""
-        return self._agent_requests.get(client_id)
-
-    def is_client_facing(self, request_id: Any) -> bool:
-        """Whether ``request_id`` names an agent request the client has been sent."""
-        return request_id in self._client_facing
-
-    def answers_client(self, hop: int, wire_id: Any) -> bool:
-        """Whether ``wire_id`` on ``hop`` is a client request, pending under its own id."""
-        return self.hops[hop].pending.get(wire_id) == FromClient(wire_id)
-
-    def holding_for_client(self, hop: int) -> bool:
-        """Whether frames of ``hop`` for the client may have to wait behind an answer."""
-        return hop in self._held
-
-    def agent_line_refused(
-        self,
-        hop: int,
-        envelope: Envelope,
-        message: str = AGENT_ANSWER_REFUSED,
-    ) -> None:
-        """An agent line was not passed on (not valid JSON-RPC, or beyond what the bridge
-        reads), or was cut after its start went on. If it was the answer to a client
-        request (as far as it was read), the client gets ``message`` as the error, so that
-        it does not wait for ever."""
-        members = envelope.members
-        if "method" in members or ("result" not in members and "error" not in members):
-            return
-        wire_id = members.get("id")
-        if not is_request_id(wire_id):
-            return
+    def lose_client_request(self, hop: int, wire_id: Any, message: str) -> None:
+        """The answer to request ``wire_id`` on ``hop`` will not reach the client (the
+        agent's line could not be passed on): if a client request waits for it, the client
+        gets ``message`` as the error, so that it does not wait for ever."""
         origin = self.hops[hop].pending.get(wire_id)
         if not isinstance(origin, FromClient):
             return  # none, or a waiter's (it hears when the process goes)
@@ -497,16 +451,7 @@ class Router:
 
     def _intercept(self, frame: Frame, events: list[Event]) -> None:
         token = next(self._tokens)
-        method = frame.method
-        keys: list[Key]
-        if method == INITIALIZE:
-            keys = [CONNECTION]
-        else:
-            keys = [request_key(frame.id)]
-            session_id = frame.params.get("sessionId")
-            if isinstance(session_id, str):
-                keys.append(session_key(session_id))
-        self.gate.hold(keys, token, until_answered=method != SESSION_PROMPT)
+        self.gate.hold_for(frame, token)
         self._interceptions[token] = Interception(frame)
         events.append(Intercept(token, frame))
 
@@ -544,50 +489,15 @@ class Router:
         ):
             del self._client_inflight[client_id]
         self._send(CLIENT, raw)
-        pending = self._answer_pending.pop(token, None)
-        if pending is not None and all(
-            hop != pending[0] for hop, _ in self._answer_pending.values()
-        ):
-            for held in self._held.pop(pending[0], []):
-                self._send(CLIENT, held)
+        for held in self.answer_hold.answered(token):
+            self._send(CLIENT, held)
         self.gate.answered(token)
         return self._release()
 
-    def _hold_after_answer(self, token: int, hop: int, answer: JsonObject) -> None:
-        """The agent answered interception ``token``: hold what must not overtake it."""
-        frame = self._interceptions[token].frame
-        sessions: frozenset[str] | None = None  # None: everything (initialize)
-        if frame.method != INITIALIZE:
-            named = [frame.params.get("sessionId")]
-            result = answer.get("result")
-            if isinstance(result, dict):
-                named.append(result.get("sessionId"))
-            sessions = frozenset(name for name in named if isinstance(name, str))
-            if not sessions:
-                return
-        self._answer_pending[token] = (hop, sessions)
-        self._held.setdefault(hop, [])
-
     def _to_client(self, hop: int, raw: bytes, message: Any) -> None:
-        """Send the client a frame of agent process ``hop``, unless it must wait (above)."""
-        held = self._held.get(hop)
-        if held is not None and self._must_wait(hop, message):
-            held.append(raw)
-        else:
+        """Send the client a frame of agent process ``hop``, unless it must wait."""
+        if self.answer_hold.admit(hop, raw, message):
             self._send(CLIENT, raw)
-
-    def _must_wait(self, hop: int, message: Any) -> bool:
-        for pending_hop, sessions in self._answer_pending.values():
-            if pending_hop != hop:
-                continue
-            if sessions is None:
-                return True
-            for member in message if isinstance(message, list) else [message]:
-                params = member.get("params") if isinstance(member, dict) else None
-                named = params.get("sessionId") if isinstance(params, dict) else None
-                if isinstance(named, str) and named in sessions:
-                    return True
-        return False
 
     def _release(self) -> list[Event]:
         events: list[Event] = []
@@ -620,16 +530,10 @@ class Router:
             self._to_client(hop, frame.raw, frame.message)
             return NO_EVENTS
         events: list[Event] = []
-        routed: tuple[Any, bool] | None
-        if kind is Kind.NOTIFICATION:
-            routed = self._agent_notification(hop, frame.message)
-        elif kind is Kind.RESPONSE:
-            routed = self._agent_response(hop, frame.message, frame, events)
-        elif kind is Kind.REQUEST:
-            routed = self._agent_request(hop, frame.message)
-        else:
+        if kind is Kind.BATCH:
             self._agent_batch(hop, frame, events)
             return events
+        routed = self._route_agent(hop, kind, frame.message, frame, events)
         if routed is not None:
             message, changed = routed
             self._to_client(hop, jsonrpc.encode(message) if changed else frame.raw, message)
@@ -644,17 +548,28 @@ class Router:
 
         The same rule as the first one of :meth:`receive_from_agent`, for any process.
         """
-        if self._held:
+        if self.answer_hold.holding():
             return start, None  # line by line: some must wait behind an answer
         end, frame = jsonrpc.plain_notifications(lines, start)
         if end > start:
             self._send(CLIENT, b"\n".join(lines[start:end]))
         return end, frame
 
+    def _route_agent(
+        self, hop: int, kind: Kind, message: JsonObject, frame: Frame | None, events: list[Event]
+    ) -> tuple[Any, bool] | None:
+        """Take one agent message into the tables: it, and whether it was changed; None:
+        dropped (an answer to no request, or one the bridge waited for)."""
+        if kind is Kind.NOTIFICATION:
+            return self._agent_notification(hop, message)
+        if kind is Kind.RESPONSE:
+            return self._agent_response(hop, message, frame, events)
+        return self._agent_request(hop, message)
+
     def _agent_notification(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
         params = cancelled_request(message)
         if params is not None:
-            client_id = self._agent_request_ids.get((hop, params["requestId"]), params["requestId"])
+            client_id = self.agent_requests.client_id(hop, params["requestId"])
             if client_id != params["requestId"]:
                 return {**message, "params": {**params, "requestId": client_id}}, True
         return message, False
@@ -677,7 +592,7 @@ class Router:
             events.append(Answered(origin.waiter, frame or classify_message(message)))
             for token, interception in self._interceptions.items():
                 if interception.forwarded_as == (hop, wire_id):
-                    self._hold_after_answer(token, hop, message)
+                    self.answer_hold.hold(token, hop, interception.frame, message)
             return None
         client_id = origin.client_id
         if self._client_inflight.get(client_id) == (hop, wire_id):
@@ -688,9 +603,7 @@ class Router:
 
     def _agent_request(self, hop: int, message: JsonObject) -> tuple[Any, bool]:
         agent_id = message["id"]
-        client_id = self._client_facing.register(agent_id, FromClient(agent_id))
-        self._agent_requests[client_id] = (hop, agent_id)
-        self._agent_request_ids[(hop, agent_id)] = client_id
+        client_id = self.agent_requests.register(hop, agent_id)
         if client_id == agent_id:
             return message, False
         return {**message, "id": client_id}, True
@@ -700,16 +613,11 @@ class Router:
         changed = False
         for member in frame.message:
             kind = _member_kind(member)
-            routed: tuple[Any, bool] | None
-            if kind is Kind.NOTIFICATION:
-                routed = self._agent_notification(hop, member)
-            elif kind is Kind.RESPONSE:
-                routed = self._agent_response(hop, member, None, events)
-            elif kind is Kind.REQUEST:
-                routed = self._agent_request(hop, member)
-            else:
+            if isinstance(kind, jsonrpc.FrameError):
                 log.warning("agent hop %d: dropped a batch member that is not JSON-RPC", hop)
                 routed = None
+            else:
+                routed = self._route_agent(hop, kind, member, None, events)
             if routed is None:
                 changed = True
                 continue
