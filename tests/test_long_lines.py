@@ -148,6 +148,27 @@ def test_an_answer_the_bridge_waits_for_is_never_passed_early() -> None:
     assert LongLines(router).receiver(PRIMARY, envelope_of(prefix)) is None
 
 
+def test_a_cut_line_is_ended_as_json_and_its_sender_hears_why_without_any_io() -> None:
+    # The whole fate of a cut client line, decided in the core: what went out, what ends
+    # it, and the error the client gets under the request's id.
+    router = Router()
+    long_lines = LongLines(router)
+    start = b'{"jsonrpc":"2.0","id":4,"method":"x/y","params":{"c":"ab'
+    line = long_lines.start(CLIENT, start)
+    assert line is not None and line.receiver == PRIMARY
+    released = line.take(start) + long_lines.piece(line, b"cd")
+    with pytest.raises(jsonrpc.FrameError) as fault:
+        long_lines.piece(line, b"\x01")  # a control character inside a string
+    ending = long_lines.cut(line, fault.value)
+    assert ending is not None
+    cut = json.loads(released + ending)
+    assert (cut["id"], cut["method"], cut["params"]) == (4, CUT_METHOD, {})
+    ((peer, raw),) = [(send.peer, send.raw) for send in router.data_to_send()]
+    answer = json.loads(raw)
+    assert peer == CLIENT and answer["id"] == 4
+    assert answer["error"]["code"] == fault.value.code
+
+
 def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() -> None:
     router, sent = sinkless()
     line = b'{"jsonrpc":"2.0","method":"x","params":{"c":"' + b"y" * 100 + b'"},"id":9}'
