@@ -4,7 +4,8 @@
 and runs in one nursery; each part is a module that says what it owns:
 
 * :mod:`~acp_bridge.runtime.agents`: the agent processes (starting them through the
-  injectable spawner, replaying to later ones, stopping), and what an adapter is lent;
+  injectable spawner, replaying to later ones, stopping);
+* :mod:`~acp_bridge.runtime.adapter_context`: what an adapter is lent of them;
 * :mod:`~acp_bridge.runtime.connection`: what is sent to each peer (the outboxes) and the
   router's output and events carried out;
 * :mod:`~acp_bridge.runtime.pumps`: what is read from each peer;
@@ -48,10 +49,7 @@ from acp_bridge.runtime.shutdown import Shutdown
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.supervision.agent_process import AgentStartError
-from acp_bridge.wire.framing import (
-    DEFAULT_LINE_LIMIT,
-    DEFAULT_STREAM_AFTER,
-)
+from acp_bridge.wire.framing import DEFAULT_LINE_LIMIT, DEFAULT_STREAM_AFTER
 from acp_bridge.wire.jsonrpc import Frame
 
 log = logging.getLogger("acp_bridge")
@@ -70,7 +68,7 @@ class BridgeOptions:
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     line_limit: int = DEFAULT_LINE_LIMIT
     # A line still arriving after this many bytes is passed on as it comes, if the router
-    # allows it (see LongLine), instead of being gathered whole first; 0: never.
+    # allows it (see core/long_lines.py), instead of being gathered whole first; 0: never.
     stream_after: int = DEFAULT_STREAM_AFTER
     shutdown_grace: float = 2.0
     # Per-adapter settings (``bridge.adapter_options.<adapter>``), read by the adapter.

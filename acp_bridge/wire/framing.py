@@ -16,8 +16,8 @@ from typing import Final
 # Base64 images and embedded files make real ACP lines large; 64 MiB holds any frame
 # an editor sends in practice while keeping a hard bound on memory per connection.
 DEFAULT_LINE_LIMIT: Final = 64 * 1024 * 1024
-# A line still arriving after this many bytes may be passed on as it comes (the runtime
-# decides; see runtime/pumps.LongLine). Below it, gathering a line whole costs little.
+# A line still arriving after this many bytes may be passed on as it comes
+# (core/long_lines.py decides). Below it, gathering a line whole costs little.
 DEFAULT_STREAM_AFTER: Final = 128 * 1024
 # A frame this large is written from its own buffer instead of being copied into a joined
 # one: the copy would cost more than the extra write. A pipe holds 64 KiB on Linux, so a
