@@ -190,6 +190,38 @@ def test_the_core_imports_no_io() -> None:
     assert found == []
 
 
+# A class a reader can hold in one sitting; the runtime is split by job to stay under it.
+MAX_CLASS_LINES = 450
+
+
+def long_classes(root: Path, package: str) -> list[str]:
+    """The classes of ``package`` (and below) under ``root`` longer than MAX_CLASS_LINES."""
+    found = []
+    for module, path in project_modules(root).items():
+        if module == package or module.startswith(package + "."):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_CLASS_LINES:
+                        found.append(f"{module}.{node.name}: {lines} lines")
+    return found
+
+
+def test_no_runtime_class_spans_more_than_450_lines() -> None:
+    assert long_classes(ROOT, "acp_bridge.runtime") == []
+
+
+def test_a_class_over_450_lines_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "acp_bridge"
+    (package / "runtime").mkdir(parents=True)
+    (tmp_path / "adapters").mkdir()
+    body = "".join(f"    x{n} = {n}\n" for n in range(MAX_CLASS_LINES))
+    (package / "runtime" / "relay.py").write_text(f"class Bridge:\n{body}")
+    assert long_classes(tmp_path, "acp_bridge.runtime") == [
+        f"acp_bridge.runtime.relay.Bridge: {MAX_CLASS_LINES + 1} lines"
+    ]
+
+
 def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
     package = tmp_path / "acp_bridge"
     (package / "core").mkdir(parents=True)
