@@ -12,7 +12,6 @@ own work with the agent first (``call.link.request(...)``).
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from acp_bridge.core.exits import describe_exit
 from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
 
 if TYPE_CHECKING:
+    import logging
+
     # Only named here: the bridge answers ``initialize`` before the validation models
     # (pydantic) are loaded, and choosing an adapter must not load them.
     from acp_bridge.core.system_prompt import SystemPrompt

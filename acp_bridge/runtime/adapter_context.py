@@ -12,12 +12,13 @@ Standard library only: the early answer imports this module, and must not load t
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import logging
+
     from acp_bridge.adapter import AgentLink
 
 

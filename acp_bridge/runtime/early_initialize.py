@@ -1,20 +1,22 @@
 """The client's ``initialize``, answered before the runtime has loaded.
 
 An editor waits for the answer to its ``initialize`` before it does anything else. When
-:mod:`acp_bridge.commands.launch` has started the agent early and the answer cannot depend on
-anything only the full bridge knows (no configuration file, a built-in adapter), the
+:mod:`acp_bridge.commands.launch` has started the agent early and the answer cannot depend
+on anything only the full bridge knows (no configuration file, a built-in adapter), the
 exchange is done here, with the standard library and the light protocol modules
 (``jsonrpc``, ``capabilities``, ``adapter`` and the chosen adapter's module): the client's
 first line is read and, if it is an ``initialize`` request, written to the agent; the
 agent's answer is read, the adapter is chosen from it by the table of agent names
 (:func:`acp_bridge.builtin_adapters.choose`, which imports no adapter), and the client's
 answer is computed with the same code the runtime uses
-(:func:`acp_bridge.core.capabilities.initialize_answer`) and written. Meanwhile a thread
-loads the runtime (trio, click, pydantic, yaml), so those imports overlap the
-agent's own start-up. Whichever comes first ends the wait: the agent's answer (an agent
-that starts fast gets its answer written at once), or the runtime loaded (an agent that
-starts slowly, like claude-agent-acp, is then answered by the runtime as it always was,
-which is by then ready for the client's next request).
+(:func:`acp_bridge.core.capabilities.initialize_answer`) and written. Should the agent not
+answer within :data:`LOAD_AFTER` (30 ms), a thread loads the runtime (trio, click, pydantic,
+yaml) meanwhile, so those imports overlap the agent's own start-up; an agent that answers
+sooner is answered by a main thread that has the interpreter to itself. Whichever comes
+first ends the wait: the agent's answer (an agent that starts fast gets its answer written
+at once), or the runtime loaded (an agent that starts slowly, like claude-agent-acp, is then
+answered by the runtime as it always was, which is by then ready for the client's next
+request).
 
 Nothing here decides anything the runtime would not: the exchange is a *prefix* of the
 connection, recorded as bytes (:class:`Exchange`). The runtime replays it through its
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import os
 import select
 import signal
@@ -61,6 +62,9 @@ READ_SIZE: Final = 1 << 16
 # How long the thread that loads the runtime may hold the interpreter while the exchange
 # waits to read or write: short, so the answer is not held up by an import in progress.
 SWITCH_INTERVAL: Final = 0.0005
+# How long the agent may take to answer before the runtime is loaded in a thread while it
+# starts (:class:`_Loader`). Loading takes some 150 ms of CPU.
+LOAD_AFTER: Final = 0.03
 # What the thread loads while the agent starts: what the run command imports first.
 RUNTIME_MODULES: Final = (
     "acp_bridge.commands.cli",
@@ -148,17 +152,46 @@ def early_context() -> LentContext:
         unplace=_not_yet,
         start_soon=_not_yet,
         adapter_options={},
-        log=logging.getLogger("acp_bridge"),
+        log=_LoggerOnUse(),  # type: ignore[arg-type]
     )
 
 
+class _LoggerOnUse:
+    """A logger by name, imported only should the adapter log while it answers (making
+    its own child logger is not logging): :mod:`logging`, with traceback, linecache,
+    tokenize and string, is the largest import the answer would otherwise make."""
+
+    def __init__(self, name: str = "acp_bridge") -> None:
+        self.name = name
+
+    def getChild(self, suffix: str) -> _LoggerOnUse:  # logging.Logger spells it so
+        return _LoggerOnUse(f"{self.name}.{suffix}")
+
+    def __getattr__(self, attribute: str) -> Any:
+        import logging
+
+        return getattr(logging.getLogger(self.name), attribute)
+
+
 class _Loader:
-    """Loads the runtime's modules in a thread while the exchange waits for the agent."""
+    """Loads the runtime's modules in a thread while the exchange waits for the agent.
+
+    Started only once the agent has not answered for :data:`LOAD_AFTER` (:meth:`start`):
+    an agent that answers at once gets its answer from a main thread that shares the
+    interpreter with nobody, and one that starts slowly (seconds, for most real agents)
+    has the runtime loaded meanwhile all the same.
+    """
 
     def __init__(self) -> None:
         # Readable once everything is loaded, so the exchange can wait for it with select.
         self.loaded, self._done = os.pipe()
         self._thread = threading.Thread(target=self._load, name="acp-bridge-load", daemon=True)
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
         self._thread.start()
 
     def _load(self) -> None:
@@ -172,7 +205,8 @@ class _Loader:
     def join(self) -> None:
         """Wait until it is done. Should it have failed, the runtime imports again and
         reports the failure the usual way."""
-        self._thread.join()
+        if self.started:
+            self._thread.join()
         os.close(self.loaded)
         os.close(self._done)
 
@@ -312,7 +346,13 @@ def _answer(
     """Wait for the agent's answer and give the client its own; ``sent``: so far."""
     agent_read = b""
     while (answer_line := _first_line(agent_read)) is None:
-        ready, _, _ = select.select([ends.client_in, ends.agent_out, loader.loaded], [], [])
+        if loader.started:
+            ready, _, _ = select.select([ends.client_in, ends.agent_out, loader.loaded], [], [])
+        else:
+            ready, _, _ = select.select([ends.client_in, ends.agent_out], [], [], LOAD_AFTER)
+            if not ready:
+                loader.start()
+                continue
         if loader.loaded in ready and ends.agent_out not in ready:
             # The runtime is loaded and the agent still starts: the runtime can wait for
             # the answer as well as this can, and be ready for what the client sends next.
