@@ -445,3 +445,41 @@ def test_the_stdio_modes_stay_silent_at_the_default_log_level(tmp_path: Path) ->
         check=False,
     )
     assert done.returncode == 0 and done.stderr == b"", done.stderr
+
+
+async def test_the_unix_socket_appears_only_once_it_accepts_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An editor that connects as soon as the socket file exists must not be refused: the
+    # file is put in place only after listen(), never between bind() and listen().
+    path = tmp_path / "bridge.sock"
+    seen_at_listen: list[bool] = []
+    with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        concrete = type(probe)
+    listen = concrete.listen
+
+    def watching_listen(self: trio.socket.SocketType, backlog: int = 128) -> None:
+        seen_at_listen.append(path.exists())
+        listen(self, backlog)
+
+    monkeypatch.setattr(concrete, "listen", watching_listen)
+    listeners = await open_listeners(ListenAddress("unix", path=str(path)))
+    try:
+        assert seen_at_listen == [False]
+        assert path.is_socket() and stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bridge.sock"]
+        client = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with client:
+            await client.connect(str(path))
+    finally:
+        for listener in listeners:
+            await listener.aclose()
+
+
+async def test_a_file_at_the_socket_path_is_not_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.sock"
+    path.write_text("not a socket")
+    with pytest.raises(OSError, match="exists and is not a socket"):
+        await open_listeners(ListenAddress("unix", path=str(path)))
+    assert path.read_text() == "not a socket"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bridge.sock"]

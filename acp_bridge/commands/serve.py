@@ -38,6 +38,8 @@ from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import FrameError, Kind, RequestId
 
 log = logging.getLogger("acp_bridge.commands.serve")
+# The longest path a unix socket can be bound to (sun_path, less its terminating NUL).
+UNIX_PATH_MAX: Final = 107
 
 TOKEN_ENV: Final = "ACP_BRIDGE_TOKEN"
 # Where clients put the token: params._meta["acp-bridge"].token of their initialize.
@@ -372,16 +374,30 @@ async def open_listeners(address: ListenAddress) -> list[trio.SocketListener]:
         return await trio.open_tcp_listeners(address.port, host=address.host)
     path = Path(address.path)
     await claim_unix_path(path)
+    # Bound under a name of its own and linked into place once it listens: a client that
+    # connects as soon as the file exists is never refused between bind() and listen().
+    # A link, not a rename, so that whatever else is at the path stays and is refused.
+    # (A path too long for a staging name beside it is bound in place, as it is.)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    if len(os.fsencode(staging)) > UNIX_PATH_MAX:
+        staging = path
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket file is created 0600
     try:
-        await sock.bind(str(path))
+        await sock.bind(str(staging))
+        sock.listen(128)
+        if staging != path:
+            os.link(staging, path)
+    except FileExistsError:
+        sock.close()
+        raise OSError(errno.EADDRINUSE, f"{path} exists and is not a socket to replace") from None
     except OSError:
         sock.close()
         raise
     finally:
         os.umask(old_umask)
-    sock.listen(128)
+        if staging != path:
+            staging.unlink(missing_ok=True)
     return [trio.SocketListener(sock)]
 
 
