@@ -8,7 +8,8 @@ Four ways for a client to reach the same agent, each measured in the same run, i
 from round to round):
 
 * **direct**: the agent itself;
-* **bridge**: ``python -m acp_bridge`` in front of it (the ``passthrough`` adapter for the
+* **bridge**: ``acp-bridge`` (the script installed beside ``python``; ``python -m
+  acp_bridge`` where there is none) in front of it (the ``passthrough`` adapter for the
   echo agent, the adapter it picks itself for claude-agent-acp); ``--bridge-python`` names
   the interpreter (default: this one). An editable install (``pip install -e``) adds its
   import finder to every start of that interpreter; a user's install has none, so the
@@ -313,7 +314,7 @@ class Setup:
         if path == "direct":
             return agent
         if path == "bridge":
-            return [self.bridge_python, "-m", "acp_bridge", "--state", ":memory:",
+            return [*bridge_command(self.bridge_python), "--state", ":memory:",
                     "--log-level", "error", *bridge_options, "--", *agent]  # fmt: skip
         if path == "conductor":
             return [shutil.which("node") or "node", "conductor_stdio.mjs", *agent]
@@ -509,12 +510,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"python {sys.version.split()[0]}, node {node_version()}, {os.cpu_count()} CPUs; "
           f"load average (1/5/15 min) before {fmt_load(load_before)}, "
           f"after {fmt_load(load_after)}; {time.perf_counter() - started:.0f} s")  # fmt: skip
-    print(f"bridge: {args.bridge_python} ({install_kind(args.bridge_python)} install)")
+    print(f"bridge: {' '.join(bridge_command(args.bridge_python))} "
+          f"({install_kind(args.bridge_python)} install)")  # fmt: skip
     report(results, args.rounds)
     if args.pool:
         import pool_bench  # imports this module: only once it is loaded
 
         pool_bench.main(["--rounds", str(args.rounds), "--both"])
+
+
+def bridge_command(python: str) -> list[str]:
+    """How a user starts the bridge installed for ``python``: its ``acp-bridge`` script
+    (which imports the entry point directly), else ``python -m acp_bridge``."""
+    script = Path(python).parent / "acp-bridge"
+    return [str(script)] if script.is_file() else [python, "-m", "acp_bridge"]
 
 
 def install_kind(python: str) -> str:
