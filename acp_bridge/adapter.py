@@ -14,8 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, Protocol
 
 # Re-exported: adapters name Delivery through the adapter interface.
 from acp_bridge.core.capabilities import Delivery as Delivery  # noqa: PLC0414
@@ -114,8 +113,7 @@ class AgentLink(Protocol):
     async def notify(self, method: str, params: JsonObject) -> None: ...
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(NamedTuple):
     """The answer the client gets for an intercepted request (immutable).
 
     ``frame_bytes`` is set while the reply is exactly what the agent sent, so the relay

@@ -18,14 +18,19 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from acp_bridge import builtin_adapters
 from acp_bridge.adapter import Adapter
 from acp_bridge.builtin_adapters import AUTO, FALLBACK, NATIVE
 from acp_bridge.core.capabilities import agent_name, native_delivery
 from acp_bridge.wire.jsonrpc import JsonObject
+
+if TYPE_CHECKING:
+    # pathlib is needed only for a user's adapter folders: the early initialize answer,
+    # which imports this module, does without it.
+    from pathlib import Path
 
 __all__ = ["AUTO", "FALLBACK", "NATIVE", "AdapterNotFound", "AdapterRegistry", "builtin"]
 
@@ -78,6 +83,8 @@ class AdapterRegistry:
     def __init__(self, extra_folders: Iterable[Path] = ()) -> None:
         # A user's adapters, by name; built-in ones are imported by get().
         self.user_adapters: dict[str, type[Adapter]] = {}
+        from pathlib import Path  # here only: see the imports at the top
+
         for folder in extra_folders:
             for module in _user_modules(Path(folder)):
                 for adapter in _adapters_in(module):

@@ -529,7 +529,10 @@ def bridge_command(python: str) -> list[str]:
 def install_kind(python: str) -> str:
     """``editable`` or ``regular``: how acp_bridge is installed for ``python``."""
     code = "import acp_bridge, sys; sys.stdout.write(acp_bridge.__file__)"
-    where = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    # Not from this checkout's folder, whose acp_bridge would shadow an installed one.
+    where = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True, cwd=tempfile.gettempdir()
+    )
     source = Path(__file__).resolve().parent.parent / "acp_bridge"
     return "editable" if Path(where.stdout).resolve().parent == source else "regular"
 

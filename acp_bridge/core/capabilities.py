@@ -9,9 +9,7 @@ answer: the runtime and the early exchange (:mod:`acp_bridge.runtime.early_initi
 from __future__ import annotations
 
 import copy
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from acp_bridge import __version__
 from acp_bridge.wire.jsonrpc import JsonObject
@@ -19,9 +17,9 @@ from acp_bridge.wire.jsonrpc import JsonObject
 BRIDGE_META_KEY = "acp-bridge"
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """What an adapter can really deliver to its agent."""
+class Delivery(NamedTuple):
+    """What an adapter can really deliver to its agent (immutable: ``_replace`` makes a
+    changed copy)."""
 
     append: bool = True
     override: bool = False
@@ -144,6 +142,6 @@ def initialize_answer(
     if delivery is None:
         return None, None
     if not allow_override:
-        delivery = dataclasses.replace(delivery, override=False)
+        delivery = delivery._replace(override=False)
     adjusted = adapter.adjust_capabilities(copy.deepcopy(initialize_result))
     return delivery, advertise(adjusted, delivery, adapter=adapter.name)

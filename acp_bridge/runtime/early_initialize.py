@@ -42,8 +42,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn
 
 from acp_bridge import builtin_adapters
 from acp_bridge.core import capabilities
@@ -76,8 +75,7 @@ RUNTIME_MODULES: Final = (
 AUTO: Final = builtin_adapters.AUTO
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(NamedTuple):
     """What the exchange read and wrote, for the runtime to replay in this order:
 
     ``client_first`` (the client's first line, or all it read), then ``agent_first`` once
@@ -261,8 +259,7 @@ def _signals_exit() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-@dataclass(frozen=True)
-class _Ends:
+class _Ends(NamedTuple):
     """The file descriptors of the exchange and what the answer depends on."""
 
     client_in: int
@@ -356,17 +353,17 @@ def _answer(
         if loader.loaded in ready and ends.agent_out not in ready:
             # The runtime is loaded and the agent still starts: the runtime can wait for
             # the answer as well as this can, and be ready for what the client sends next.
-            return replace(sent, agent_first=agent_read)
+            return sent._replace(agent_first=agent_read)
         if ends.client_in in ready:
             # Whatever the client says now (more frames, or its EOF) is the runtime's to
             # handle, in the order the usual path would.
             more = _read(ends.client_in)
-            return replace(sent, client_rest=more, agent_first=agent_read)
+            return sent._replace(client_rest=more, agent_first=agent_read)
         data = _read(ends.agent_out)
         agent_read += data
         if not data or len(agent_read) > LINE_LIMIT:
-            return replace(sent, agent_first=agent_read)
-    unanswered = replace(sent, agent_first=agent_read)
+            return sent._replace(agent_first=agent_read)
+    unanswered = sent._replace(agent_first=agent_read)
     if len(agent_read) > len(answer_line):
         # More came with the answer: the runtime answers, and holds what came after the
         # agent's answer until its own is sent; the exchange handles a lone answer only.
@@ -379,7 +376,7 @@ def _answer(
     except Exception:
         return unanswered  # the runtime computes it again, and reports what failed
     written = _write_all(ends.client_out, answer)
-    return replace(sent, agent_first=answer_line, to_client=answer[:written])
+    return sent._replace(agent_first=answer_line, to_client=answer[:written])
 
 
 def _client_answer(

@@ -21,10 +21,12 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from acp_bridge.wire.jsonrpc import JsonObject, decode, encode
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 REDACTED: Final = "<redacted>"
 FILE_MODE: Final = 0o600

@@ -14,9 +14,8 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from json.scanner import make_scanner
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 RequestId: TypeAlias = "int | str | LongInteger | None"
 JsonObject: TypeAlias = dict[str, Any]
@@ -63,22 +62,38 @@ DEPTH_LIMIT_MESSAGE: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class LongInteger:
     """An integer with more digits than Python converts from text (4,300 by default, a
     guard against quadratic conversion). Valid JSON: kept as its digits, which is all the
-    bridge needs to route a message holding one and to write it again."""
+    bridge needs to route a message holding one and to write it again. Immutable; not a
+    tuple, so that nothing that walks a message takes it for an array.
 
+    (Written by hand, as are this module's other types: the early ``initialize`` answer
+    imports this module, and :mod:`dataclasses` brings :mod:`inspect` with it.)
+    """
+
+    __slots__ = ("digits",)
     digits: str
 
+    def __init__(self, digits: str) -> None:
+        object.__setattr__(self, "digits", digits)
 
-@dataclass(slots=True)
-class Frame:
-    """One JSON-RPC message (or v2 batch) with the bytes it arrived as.
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"LongInteger is immutable: cannot set {name}")
 
-    Treat it as immutable. (Not a frozen dataclass: one is made for every line relayed, and
-    a frozen one costs three times as much to make.)
-    """
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LongInteger) and other.digits == self.digits
+
+    def __hash__(self) -> int:
+        return hash((LongInteger, self.digits))
+
+    def __repr__(self) -> str:
+        return f"LongInteger(digits={self.digits!r})"
+
+
+class Frame(NamedTuple):
+    """One JSON-RPC message (or v2 batch) with the bytes it arrived as (immutable; one is
+    made for every line relayed, and a named tuple is as cheap to make as anything)."""
 
     raw: bytes
     message: Any  # dict for single messages, list for batches
