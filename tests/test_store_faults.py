@@ -331,8 +331,33 @@ for line in sys.stdin:
 EARLY_ANSWER = "initialize before the bridge loaded: answered"
 
 
+# Runs the rest of its command line in a mount namespace of its own where the folder
+# named first is mounted read-only (root ignores file modes: only a mount refuses it).
+READ_ONLY_MOUNT = [
+    "unshare", "--mount", "sh", "-c",
+    'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', "sh",
+]  # fmt: skip
+
+
+def read_only_mount_works(folder: Path) -> bool:
+    probe = subprocess.run(
+        [*READ_ONLY_MOUNT, str(folder), "sh", "-c", f"! touch {folder}/probe"],
+        capture_output=True,
+        check=False,
+    )
+    return probe.returncode == 0 and not (folder / "probe").exists()
+
+
 def unusable(kind: str, tmp_path: Path) -> Path:
-    if kind == "garbage":
+    if kind == "read-only-mount":
+        # The user's own database, on a file system mounted read-only since.
+        folder = tmp_path / "state"
+        folder.mkdir()
+        if not read_only_mount_works(folder):
+            pytest.skip("no mount namespace here to mount a folder read-only")
+        path = folder / "sessions.sqlite3"
+        SessionStore(path).close()
+    elif kind == "garbage":
         path = tmp_path / "garbage.db"
         path.write_bytes(b"not a database at all\x00" * 300)
     elif kind == "directory":
@@ -354,7 +379,7 @@ def request(request_id: int, method: str, params: dict[str, Any]) -> bytes:
 
 
 @pytest.mark.parametrize("path", ["early", "usual"])
-@pytest.mark.parametrize("kind", ["garbage", "directory", "under-a-file"])
+@pytest.mark.parametrize("kind", ["garbage", "directory", "under-a-file", "read-only-mount"])
 def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
     tmp_path: Path, kind: str, path: str
 ) -> None:
@@ -365,6 +390,8 @@ def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
         config = ["--config", str(tmp_path / "empty.yaml")]
     argv = [sys.executable, "-m", "acp_bridge", "--state", str(state), "--log-level", "debug",
             *config, "--", sys.executable, "-c", QUICK_AGENT]  # fmt: skip
+    if kind == "read-only-mount":
+        argv = [*READ_ONLY_MOUNT, str(state.parent), *argv]
     bridge = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
@@ -392,6 +419,9 @@ def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
     assert answers[-1]["id"] == len(answers) - 1
     assert error["code"] == -32603
     assert str(state) in error["message"] and "session database" in error["message"]
+    if kind == "read-only-mount":
+        assert "cannot open the session database" in error["message"]
+        assert "Read-only file system" in error["message"]
     assert error["data"] == {"database": str(state)}
     assert status != 0
     assert str(state) in stderr

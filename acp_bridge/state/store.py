@@ -536,7 +536,8 @@ def _create_private_file(path: Path) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise StoreError(f"{path}: cannot create the session database: {exc}") from exc
+        doing = "open" if path.exists() else "create"
+        raise StoreError(f"{path}: cannot {doing} the session database: {exc}") from exc
 
 
 def _make_private_dirs(folder: Path) -> None:
