@@ -8,10 +8,11 @@ the codex adapter's pool), so ``/proc/self/fd`` counts what the bridge itself ho
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,28 @@ async def test_pooled_processes_leave_no_descriptor_behind(
             processes = len(bridge.processes)
     assert after - before < CYCLES // 4, (before, after)
     assert processes == 1
+
+
+@contextmanager
+def descriptor_limit(headroom: int) -> Iterator[None]:
+    """Lower this process's soft limit on open files to what it holds plus ``headroom``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + headroom, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_new_prompts_keep_working_at_a_low_descriptor_limit(tmp_path: Path) -> None:
+    # Issue 19.9 met a limit after 36 deaths ("The bridge failed to handle session/new."):
+    # each death leaked 3 pipes. 40 deaths under a limit 48 above what the bridge holds
+    # once running: room for the live processes, none for a leak.
+    with trio.fail_after(TIMEOUT * 2):
+        async with pooled_bridge(tmp_path) as (client, bridge):
+            await a_process_dies(client, bridge, tmp_path, 0)
+            with descriptor_limit(48):
+                for n in range(1, 41):
+                    await a_process_dies(client, bridge, tmp_path, n)
+                session_id = await new_session(client, tmp_path, "after 40 deaths")
+                assert holder(bridge, session_id).process.returncode is None
