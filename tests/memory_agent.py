@@ -105,6 +105,7 @@ class MemoryAgent(InMemoryProcess):
         protocol_version: int = 1,
         close_error: Mapping[str, Any] | None = None,
         initialize_gate: trio.Event | None = None,
+        session_new_answer: bytes | None = None,
     ) -> None:
         MemoryAgent._pids += 1
         super().__init__(argv, MemoryAgent._pids)
@@ -116,6 +117,9 @@ class MemoryAgent(InMemoryProcess):
         self.received: list[Any] = []
         self.commands_after_new = commands_after_new
         self.protocol_version = protocol_version
+        # The line to answer session/new with instead of a session, ``{id}`` standing for
+        # the request's id as JSON (an agent that answers wrongly).
+        self.session_new_answer = session_new_answer
         self.close_error = dict(close_error) if close_error is not None else None
         self.unparsed: list[bytes] = []
         self.bytes_received = 0
@@ -210,6 +214,9 @@ class MemoryAgent(InMemoryProcess):
                     },
                 },
             )
+        elif method == "session/new" and self.session_new_answer is not None:
+            line = self.session_new_answer.replace(b"{id}", jsonrpc.encode(request_id))
+            await self.send_raw(line)
         elif method == "session/new":
             self._sessions += 1
             session_id = f"sess-{self._sessions}"

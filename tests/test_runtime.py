@@ -356,3 +356,31 @@ async def test_an_interception_open_when_the_agent_exits_is_answered_before_the_
             assert answer["id"] == "held"
             assert answer["error"]["data"] == {"exitStatus": 1}
     assert trio.current_time() == start
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"jsonrpc":"2.0","id":{id},"result":{"sessionId":"s","n":NaN}}',
+        b'{"jsonrpc":"2.0","id":{id},"result":{"sessionId":"s\x01"}}',
+    ],
+    ids=["nan", "control-character"],
+)
+async def test_an_invalid_answer_to_an_intercepted_request_is_an_error_not_a_wait(
+    answer: bytes,
+) -> None:
+    # The agent answers the forwarded session/new with a line that is not JSON-RPC: it is
+    # dropped, and the client hears at once that no answer will come (not when the agent
+    # exits, as it did).
+    agent_options = {"session_new_answer": answer}
+    with trio.fail_after(10):
+        async with bridge_over_memory(agent_options=agent_options) as (client, _agent):
+            await client.send(new_session("new"))
+            refused = await client.receive()
+            # The bridge still serves.
+            await client.send({"jsonrpc": "2.0", "id": "after", "method": "_test/echo",
+                               "params": {}})  # fmt: skip
+            assert (await client.receive())["id"] == "after"
+    assert refused["id"] == "new", refused
+    assert refused["error"]["code"] == -32603, refused
+    assert "answer" in refused["error"]["message"]

@@ -179,6 +179,8 @@ class Router:
 
     def __init__(self, *, intercepted: frozenset[str] = frozenset({INITIALIZE})) -> None:
         self._outgoing: list[Send] = []
+        # Events of a call that returns none: a waiter told its answer was refused.
+        self._events: list[Event] = []
         self.hops: dict[int, Hop] = {PRIMARY: Hop()}
         self.intercepted = intercepted
         """Client methods handed to the runtime (:class:`Intercept`) instead of relayed."""
@@ -205,6 +207,14 @@ class Router:
         """What the peers must be sent since the last call, in order; the caller writes it."""
         outgoing, self._outgoing = self._outgoing, []
         return outgoing
+
+    def events_since(self) -> list[Event]:
+        """Events of the calls that return none (:meth:`lose_client_request`) since the last
+        time; the caller carries them out as it does those of the other calls."""
+        if not self._events:
+            return NO_EVENTS
+        events, self._events = self._events, []
+        return events
 
     def _send(self, peer: int, raw: bytes) -> None:
         self._outgoing.append(Send(peer, raw))
@@ -436,13 +446,19 @@ class Router:
         return None if routed is None else routed[1]
 
     def lose_client_request(self, hop: int, wire_id: Any, message: str) -> None:
-        """The answer to request ``wire_id`` on ``hop`` will not reach the client (the
-        agent's line could not be passed on): if a client request waits for it, the client
-        gets ``message`` as the error, so that it does not wait for ever."""
+        """The answer to request ``wire_id`` on ``hop`` will not reach its asker (the
+        agent's line could not be passed on): if a client request or a waiter waits for it,
+        it gets ``message`` as the error, so that it does not wait for ever."""
         origin = self.hops[hop].pending.get(wire_id)
-        if not isinstance(origin, FromClient):
-            return  # none, or a waiter's (it hears when the process goes)
+        if origin is None:
+            return
         self.hops[hop].pending.resolve(wire_id)
+        if isinstance(origin, ForWaiter):
+            # An intercepted request, or the bridge's own: its waiter gets the error as the
+            # agent's answer (and the client, through the interception, its own).
+            error = jsonrpc.error_response(wire_id, jsonrpc.INTERNAL_ERROR, message)
+            self._events.append(Answered(origin.waiter, classify_message(error)))
+            return
         if self._client_inflight.get(origin.client_id) == (hop, wire_id):
             del self._client_inflight[origin.client_id]
         self.answer_error(origin.client_id, jsonrpc.INTERNAL_ERROR, message)

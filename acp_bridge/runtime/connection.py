@@ -216,7 +216,8 @@ class Connection:
         returned. Called after every call into the router."""
         for send in self.router.data_to_send():
             self.queue(send.peer, send.raw)
-        for event in events:
+        later = self.router.events_since()
+        for event in [*events, *later] if later else events:
             if isinstance(event, Intercept):
                 self._intercept(event.token, event.frame)
             elif isinstance(event, Answered):
