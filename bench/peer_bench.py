@@ -484,8 +484,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  "slow", "claude"])  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="time each measurement")
     parser.add_argument("--pool", action="store_true", help="also run bench/pool_bench.py")
-    parser.add_argument("--bridge-python", default=sys.executable, metavar="PYTHON",
-                        help="the interpreter that runs the bridge (default: this one)")
+    parser.add_argument(
+        "--bridge-python",
+        default=sys.executable,
+        metavar="PYTHON",
+        help="the interpreter that runs the bridge (default: this one)",
+    )
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 5

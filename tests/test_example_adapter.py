@@ -20,9 +20,10 @@ def test_the_example_adapter_is_chosen_for_its_agent() -> None:
 
 async def test_the_example_adapter_delivers_the_prompt_in_its_meta_key() -> None:
     with trio.fail_after(10):
-        async with bridge_over_memory(
-            adapter_folders=[EXAMPLES], agent_name="acme-agent"
-        ) as (client, agent):
+        async with bridge_over_memory(adapter_folders=[EXAMPLES], agent_name="acme-agent") as (
+            client,
+            agent,
+        ):
             await client.send(new_session(1))
             answer = await client.receive()
             assert answer["result"]["sessionId"] == "sess-1"

@@ -148,8 +148,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         for module, targets in graph.items()
         if (layer := layer_of(module)) is not None
         for target in sorted(targets)
-        if (target_layer := layer_of(target)) is not None
-        and RANKS[target_layer] > RANKS[layer]
+        if (target_layer := layer_of(target)) is not None and RANKS[target_layer] > RANKS[layer]
     ]
 
 

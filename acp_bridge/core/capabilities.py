@@ -36,7 +36,6 @@ class Delivery(NamedTuple):
         return mode in self.custom_modes
 
 
-
 class Advertiser(Protocol):
     """What the answer to ``initialize`` needs of an adapter
     (:class:`acp_bridge.adapter.Adapter` has it)."""
@@ -47,7 +46,6 @@ class Advertiser(Protocol):
     def delivery(self, initialize_result: JsonObject) -> Delivery | None: ...
 
     def adjust_capabilities(self, initialize_result: JsonObject) -> JsonObject: ...
-
 
 
 def is_v2(initialize_result: JsonObject) -> bool:
