@@ -119,9 +119,6 @@ class SessionStore:
     ) -> None:
         self.path = os.fspath(path)
         self.busy_timeout = busy_timeout
-        self.may_wait = self.path != MEMORY
-        """Whether a call may wait on another process's lock (up to the busy timeout): an
-        in-memory database belongs to this process alone, and each call returns at once."""
         self._lock = threading.Lock()
         self._closed = False
         self._owner = (os.getpid(), process_started(os.getpid()))
@@ -173,6 +170,12 @@ class SessionStore:
                 if not _is_busy(exc) or time.monotonic() >= deadline:
                     raise
             time.sleep(_WAL_RETRY_PAUSE)
+
+    @property
+    def may_wait(self) -> bool:
+        """Whether a call may wait on another process's lock (up to the busy timeout): an
+        in-memory database belongs to this process alone, and each call returns at once."""
+        return self.path != MEMORY
 
     @staticmethod
     def default_path() -> Path:
