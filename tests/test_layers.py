@@ -189,15 +189,23 @@ def test_the_core_imports_no_io() -> None:
     assert found == []
 
 
-# A class a reader can hold in one sitting; the runtime is split by job to stay under it.
+# A class a reader can hold in one sitting; the runtime is split by job, and the router
+# hands whole jobs to modules of the core, to stay under it. The model endpoint (the fake
+# model server of the end-to-end tests, no part of the bridge) is left out.
 MAX_CLASS_LINES = 450
+EXEMPT = ("acp_bridge.model_endpoint",)
 
 
-def long_classes(root: Path, package: str) -> list[str]:
-    """The classes of ``package`` (and below) under ``root`` longer than MAX_CLASS_LINES."""
+def long_classes(root: Path, package: str, exempt: tuple[str, ...] = ()) -> list[str]:
+    """The classes of ``package`` (and below) under ``root`` longer than MAX_CLASS_LINES,
+    but for those of the packages in ``exempt``."""
+
+    def within(module: str, name: str) -> bool:
+        return module == name or module.startswith(name + ".")
+
     found = []
     for module, path in project_modules(root).items():
-        if module == package or module.startswith(package + "."):
+        if within(module, package) and not any(within(module, name) for name in exempt):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
                 if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
                     lines = node.end_lineno - node.lineno + 1
@@ -206,18 +214,28 @@ def long_classes(root: Path, package: str) -> list[str]:
     return found
 
 
-def test_no_runtime_class_spans_more_than_450_lines() -> None:
-    assert long_classes(ROOT, "acp_bridge.runtime") == []
+def test_no_class_outside_the_model_endpoint_spans_more_than_450_lines() -> None:
+    assert long_classes(ROOT, "acp_bridge", EXEMPT) == []
 
 
-def test_a_class_over_450_lines_is_found(tmp_path: Path) -> None:
+def test_a_class_over_450_lines_is_found_in_every_layer_but_the_model_endpoint(
+    tmp_path: Path,
+) -> None:
     package = tmp_path / "acp_bridge"
-    (package / "runtime").mkdir(parents=True)
+    for folder in ("runtime", "core", "model_endpoint"):
+        (package / folder).mkdir(parents=True)
     (tmp_path / "adapters").mkdir()
     body = "".join(f"    x{n} = {n}\n" for n in range(MAX_CLASS_LINES))
     (package / "runtime" / "relay.py").write_text(f"class Bridge:\n{body}")
-    assert long_classes(tmp_path, "acp_bridge.runtime") == [
-        f"acp_bridge.runtime.relay.Bridge: {MAX_CLASS_LINES + 1} lines"
+    (package / "core" / "router.py").write_text(f"class Router:\n    x = 0\n{body}")
+    # Exactly the limit: allowed.
+    (package / "pool.py").write_text("class Pool:\n" + body.partition("\n")[2])
+    (package / "model_endpoint" / "server.py").write_text(f"class Server:\n{body}")
+    (tmp_path / "adapters" / "agent.py").write_text(f"class Adapter:\n{body}")
+    assert sorted(long_classes(tmp_path, "acp_bridge", EXEMPT)) == [
+        f"acp_bridge.adapters.agent.Adapter: {MAX_CLASS_LINES + 1} lines",
+        f"acp_bridge.core.router.Router: {MAX_CLASS_LINES + 2} lines",
+        f"acp_bridge.runtime.relay.Bridge: {MAX_CLASS_LINES + 1} lines",
     ]
 
 

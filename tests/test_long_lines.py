@@ -130,7 +130,7 @@ def test_no_client_line_passes_early_while_the_gate_holds_or_an_id_would_change(
     router.request(PRIMARY, "own/request", {})  # in flight as acp-bridge-1
     assert LongLines(router).receiver(CLIENT, envelope_of(prefix)) is None
     router, _ = sinkless()
-    router.add_hop()  # two processes: where it goes depends on its params
+    router.hops.add()  # two processes: where it goes depends on its params
     assert LongLines(router).receiver(CLIENT, envelope_of(prefix)) is None
     router, _ = sinkless()
     router.receive_from_client(

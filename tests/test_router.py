@@ -22,9 +22,9 @@ class Wire:
         self._sent: list[tuple[int, bytes]] = []
         self.router = Router(intercepted=intercepted)
         for _ in range(hops - 1):
-            self.router.add_hop()
+            self.router.hops.add()
         for session_id, hop in (placed or {}).items():
-            self.router.place(session_id, hop)
+            self.router.hops.place(session_id, hop)
 
     @property
     def sent(self) -> list[tuple[int, bytes]]:
@@ -167,8 +167,8 @@ def test_a_session_goes_where_it_was_placed_and_the_router_calls_no_one() -> Non
     # Routing is a lookup in the router's own table, filled with values as the adapter
     # places sessions: no callback is configured, and none is needed.
     wire = Wire(hops=3)
-    wire.router.place("b", 1)
-    wire.router.place("c", 2)
+    wire.router.hops.place("b", 1)
+    wire.router.hops.place("c", 2)
     wire.client(request(1, "session/prompt", sessionId="b", prompt=[]))
     wire.client(notification("session/cancel", sessionId="c"))
     wire.client(request(2, "session/set_mode", sessionId="a", modeId="m"))
@@ -177,8 +177,8 @@ def test_a_session_goes_where_it_was_placed_and_the_router_calls_no_one() -> Non
     assert wire.take(2) == [notification("session/cancel", sessionId="c")]
     assert [m["id"] for m in wire.take(0)] == [2, 3]
     # Moved back to the primary, then gone: both go to the primary.
-    wire.router.place("b", 0)
-    wire.router.unplace("c")
+    wire.router.hops.place("b", 0)
+    wire.router.hops.unplace("c")
     wire.client(request(4, "session/prompt", sessionId="b", prompt=[]))
     wire.client(notification("session/cancel", sessionId="c"))
     assert [m.get("id", m.get("method")) for m in wire.take(0)] == [4, "session/cancel"]

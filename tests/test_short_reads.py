@@ -247,7 +247,7 @@ def test_nothing_passes_from_the_client_while_frames_are_held_or_several_process
     router.answer(intercept.token, b'{"jsonrpc":"2.0","id":0,"result":{}}')
     assert router.pass_notifications_from_client([NOTE], 0) == (1, None)
     assert written[-1] == (PRIMARY, NOTE)
-    router.add_hop()
+    router.hops.add()
     assert router.pass_notifications_from_client([NOTE], 0) == (0, None)  # the adapter routes
     assert router.pass_notifications_from_agent([NOTE], 0) == (1, None)
     assert written[-1] == (CLIENT, NOTE)

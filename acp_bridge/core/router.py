@@ -9,8 +9,11 @@ connections ("hops"; hop 0 is the primary agent process). It owns
   (:class:`~acp_bridge.core.pending.AgentRequests`), and the translation of
   ``$/cancel_request`` both ways (a cancel without ``requestId`` passes as it came);
 * the interceptions in progress, and the order of frames around them both ways
-  (:mod:`acp_bridge.core.ordering`);
-* where each session lives while several agent processes run.
+  (:mod:`acp_bridge.core.ordering`).
+
+The agent processes and where each session lives among them are
+:class:`~acp_bridge.core.hops.Hops` (:attr:`Router.hops`): routing a frame to a process
+is a lookup there, never a call out.
 
 It does no I/O and calls nothing it is not made with. Like h11's connection it owns its
 output: the bytes each peer must get queue in the router, in the order the peer must
@@ -22,23 +25,22 @@ events: start an interception (:class:`Intercept`), hand an answer to a waiter
 (:class:`Abandoned`).
 
 Its configuration comes in through :meth:`Router.configure` once the client's
-``initialize`` is answered: which client methods are intercepted. Where a session lives
-while more than one agent process runs is a table the router owns, filled with values
-(:meth:`Router.place`, :meth:`Router.unplace`, as the adapter says through its context):
-routing a frame is a lookup in it, never a call out.
+``initialize`` is answered: which client methods are intercepted.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from acp_bridge.core.exits import describe_exit
+from acp_bridge.core.hops import PRIMARY as PRIMARY  # noqa: PLC0414
+from acp_bridge.core.hops import Hops
 from acp_bridge.core.ordering import INITIALIZE as INITIALIZE  # noqa: PLC0414
 from acp_bridge.core.ordering import AnswerHold, Gate
-from acp_bridge.core.pending import AgentRequests, ForWaiter, FromClient, PendingTable
+from acp_bridge.core.pending import AgentRequests, ForWaiter, FromClient
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import (
     CANCEL_REQUEST,
@@ -53,7 +55,6 @@ from acp_bridge.wire.jsonrpc import (
 log = logging.getLogger("acp_bridge.router")
 
 CLIENT: Final = -1
-PRIMARY: Final = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +93,6 @@ class Abandoned:
 Event: TypeAlias = Intercept | Answered | Abandoned
 # Returned when nothing happened beyond writing; callers only read it.
 NO_EVENTS: Final[list[Event]] = []
-
-
-@dataclass(slots=True)
-class Hop:
-    """One agent connection: its requests in flight, and whether it is gone."""
-
-    pending: PendingTable = field(default_factory=PendingTable)
-    closed: bool = False
-    status: int | None = None
 
 
 @dataclass(slots=True)
@@ -181,11 +173,10 @@ class Router:
         self._outgoing: list[Send] = []
         # Events of a call that returns none: a waiter told its answer was refused.
         self._events: list[Event] = []
-        self.hops: dict[int, Hop] = {PRIMARY: Hop()}
+        self.hops = Hops()
+        """The agent processes, their requests in flight, and where each session lives."""
         self.intercepted = intercepted
         """Client methods handed to the runtime (:class:`Intercept`) instead of relayed."""
-        # Session id -> the hop it lives in, for sessions not in the primary.
-        self._placed: dict[str, int] = {}
         self.authenticate_params: Any = None
         """The params of the client's last ``authenticate``, for a process started later."""
         self.gate = Gate()
@@ -221,30 +212,9 @@ class Router:
 
     # ------------------------------------------------------------------ hops
 
-    def place(self, session_id: str, hop: int) -> None:
-        """Session ``session_id`` lives in agent process ``hop`` from now on: the client's
-        frames naming it go there."""
-        if hop == PRIMARY:
-            self._placed.pop(session_id, None)
-        else:
-            self._placed[session_id] = hop
-
-    def unplace(self, session_id: str) -> None:
-        """Session ``session_id`` is gone (closed, deleted): its frames go to the primary."""
-        self._placed.pop(session_id, None)
-
-    def add_hop(self) -> int:
-        """A new agent process joins the connection; its hop number."""
-        hop = max(self.hops) + 1
-        self.hops[hop] = Hop()
-        return hop
-
     def hop_closed(self, hop: int, status: int | None) -> list[Event]:
         """An agent process is gone: fail what was in flight on it."""
-        state = self.hops[hop]
-        state.closed = True
-        state.status = status
-        self._placed = {name: at for name, at in self._placed.items() if at != hop}
+        state = self.hops.close(hop, status)
         events: list[Event] = []
         for origin in state.pending.drain():
             if isinstance(origin, FromClient):
@@ -332,21 +302,9 @@ class Router:
             return self._client_notification(message)
         return self._client_response(message)
 
-    def hop_for(self, message: JsonObject) -> int:
-        """The hop a client message goes to: the one its session was placed in, else (or
-        when that process is gone) the primary."""
-        if not self._placed:
-            return PRIMARY
-        params = message.get("params")
-        session_id = params.get("sessionId") if isinstance(params, dict) else None
-        hop = self._placed.get(session_id) if isinstance(session_id, str) else None
-        if hop is None or self.hops[hop].closed:
-            return PRIMARY
-        return hop
-
     def _client_request(self, message: JsonObject) -> Routed | None:
         client_id = message["id"]
-        hop = self.hop_for(message)
+        hop = self.hops.hop_for(message)
         state = self.hops[hop]
         if state.closed:
             self.answer_error(
@@ -371,7 +329,7 @@ class Router:
                 if wire_id == params["requestId"]:
                     return hop, message, False
                 return hop, {**message, "params": {**params, "requestId": wire_id}}, True
-        return self.hop_for(message), message, False
+        return self.hops.hop_for(message), message, False
 
     def _client_response(self, message: JsonObject) -> Routed | None:
         target = self.agent_requests.resolve(message["id"])

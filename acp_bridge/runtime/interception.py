@@ -142,7 +142,7 @@ class Interceptions:
         return jsonrpc.encode(jsonrpc.result_response(frame.id, reply.result))
 
     def _route_link(self, frame: Frame) -> AgentConnection:
-        return self.agents.links[self.connection.router.hop_for(frame.message)]
+        return self.agents.links[self.connection.router.hops.hop_for(frame.message)]
 
     async def _handle(self, token: int, frame: Frame) -> Reply:
         link = self._route_link(frame)
@@ -197,8 +197,8 @@ class Interceptions:
             LentContext(
                 self.agents,
                 live=lambda: self.sessions.live,
-                place=self.connection.router.place,
-                unplace=self.connection.router.unplace,
+                place=self.connection.router.hops.place,
+                unplace=self.connection.router.hops.unplace,
                 start_soon=self.start_soon,
                 adapter_options=self.adapter_options,
                 log=log,

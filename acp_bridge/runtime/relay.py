@@ -217,7 +217,7 @@ class Bridge:
         return link
 
     def _attach_later(self, process: AgentHandle) -> AgentConnection:
-        hop = self.router.add_hop()
+        hop = self.router.hops.add()
         return self._attach(process, hop, f"agent-{hop}")
 
     def _replayed(self) -> list[tuple[str, Any]]:
