@@ -79,6 +79,7 @@ from acp_bridge.pool_processes import (
     PromptRefused,
     check_process_config,
     prompt_key,
+    write_prompt_file,
 )
 from acp_bridge.supervision.private_dirs import PrivateDir as _PrivateDir
 from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, JsonObject
@@ -93,6 +94,7 @@ __all__ = [
     "PromptRefused",
     "check_process_config",
     "prompt_key",
+    "write_prompt_file",
 ]
 
 PrivateDir = _PrivateDir

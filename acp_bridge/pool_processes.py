@@ -90,6 +90,25 @@ def check_process_config(config: ProcessConfig, prompt: SystemPrompt, agent_labe
             )
 
 
+def write_prompt_file(private: PrivateDir, name: str, text: str, mode: str, reader: str) -> Path:
+    """Write ``text``, a ``mode`` prompt as agent ``reader`` is to read it, to the file
+    ``name`` of ``private``; its path.
+
+    A lone surrogate is valid in JSON text but has no UTF-8 form: the client gets
+    ``-32602`` naming the field, not a failed start, and the folder goes with the process
+    it was made for (a spare being filled is stopped, as for any refused prompt).
+    """
+    try:
+        return private.write(name, text)
+    except UnicodeEncodeError as exc:
+        raise PromptRefused(
+            f"The {mode} system prompt contains a lone surrogate (position {exc.start}), "
+            f"which cannot be written to the UTF-8 file {reader} reads.",
+            {"field": "systemPrompt.content"},
+            INVALID_PARAMS,
+        ) from None
+
+
 class PoolOptions(BaseModel):
     """``bridge.adapter_options.<name>`` of a pool adapter."""
 

@@ -45,7 +45,7 @@ from typing import Final
 
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, write_prompt_file
 from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 
 AGENT_NAME: Final = "cline"
@@ -107,15 +107,7 @@ class ClineAdapter(PoolAdapter):
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         check_not_blank(prompt)
-        try:
-            private.write(f"{RULES}/{RULE_FILE}", prompt.text)
-        except UnicodeEncodeError as exc:
-            raise PromptRefused(
-                f"The append system prompt contains a lone surrogate (position {exc.start}), "
-                f"which cannot be written to the UTF-8 file cline reads.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            ) from None
+        write_prompt_file(private, f"{RULES}/{RULE_FILE}", prompt.text, prompt.mode, "cline")
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         environment = self.agent_environment() or os.environ

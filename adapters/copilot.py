@@ -26,8 +26,7 @@ from __future__ import annotations
 from typing import Final
 
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, write_prompt_file
 
 AGENT_NAME: Final = "Copilot"
 DIRS_VARIABLE: Final = "COPILOT_CUSTOM_INSTRUCTIONS_DIRS"
@@ -62,15 +61,8 @@ class CopilotAdapter(PoolAdapter):
     append_only = True
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
-        try:
-            private.write(INSTRUCTIONS_FILE, file_text(prompt.text))
-        except UnicodeEncodeError as exc:
-            raise PromptRefused(
-                f"The append system prompt contains a lone surrogate (position {exc.start}), "
-                f"which cannot be written to the UTF-8 file copilot reads.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            ) from None
+        text = file_text(prompt.text)
+        write_prompt_file(private, INSTRUCTIONS_FILE, text, prompt.mode, "copilot")
 
     def spare_config(self, mode: str, private: PrivateDir) -> ProcessConfig:
         dirs = instruction_dirs(self.agent_variable(DIRS_VARIABLE), str(private.path))

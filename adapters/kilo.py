@@ -35,8 +35,7 @@ import json
 from typing import Final
 
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
-from acp_bridge.wire.jsonrpc import INVALID_PARAMS
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, write_prompt_file
 
 AGENT_NAME: Final = "Kilo"
 CONFIG_VARIABLE: Final = "KILO_CONFIG"
@@ -102,12 +101,5 @@ class KiloAdapter(PoolAdapter):
 
     def fill_spare(self, prompt: SystemPrompt, private: PrivateDir) -> None:
         brace = private.path / BRACE_FILE
-        try:
-            private.write(INSTRUCTIONS_FILE, protect_references(prompt.text, str(brace)))
-        except UnicodeEncodeError as exc:
-            raise PromptRefused(
-                f"The append system prompt contains a lone surrogate (position {exc.start}), "
-                f"which cannot be written to the UTF-8 file Kilo reads.",
-                {"field": "systemPrompt.content"},
-                INVALID_PARAMS,
-            ) from None
+        text = protect_references(prompt.text, str(brace))
+        write_prompt_file(private, INSTRUCTIONS_FILE, text, prompt.mode, AGENT_NAME)

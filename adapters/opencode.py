@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused
+from acp_bridge.pool import PoolAdapter, PrivateDir, ProcessConfig, PromptRefused, write_prompt_file
 from acp_bridge.wire.jsonrpc import INVALID_PARAMS, JsonObject
 
 AGENT_NAME: Final = "OpenCode"
@@ -72,20 +72,6 @@ def prompt_config(prompt: SystemPrompt, instructions_file: str | None) -> JsonOb
     return {"agent": {name: {"prompt": prompt.text} for name in PRIMARY_AGENTS}}
 
 
-def utf8_text(text: str, mode: str) -> str:
-    """``text`` if it can be written to a UTF-8 file; a lone surrogate cannot."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise PromptRefused(
-            f"The {mode} system prompt contains a lone surrogate (position {exc.start}), "
-            f"which cannot be written to the UTF-8 file opencode reads.",
-            {"field": "systemPrompt.content"},
-            INVALID_PARAMS,
-        ) from None
-    return text
-
-
 class OpencodeAdapter(PoolAdapter):
     name = "opencode"
     description = "opencode acp: one process per distinct prompt, set in a private config file"
@@ -107,6 +93,8 @@ class OpencodeAdapter(PoolAdapter):
             )
         instructions = None
         if prompt.mode == "append":
-            path = private.write(INSTRUCTIONS_FILE, utf8_text(prompt.text, prompt.mode))
+            path = write_prompt_file(
+                private, INSTRUCTIONS_FILE, prompt.text, prompt.mode, "opencode"
+            )
             instructions = str(path)
         private.write(CONFIG_FILE, config_json(prompt_config(prompt, instructions)))
