@@ -13,52 +13,37 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import agents  # tests/agents.py: installs and caches the pinned agents
+import codex_endpoint
 import pytest
 import trio
 from acp_requests import append, override, prompt_params, session_params
 from agent_processes import live_processes
-from bridge_cli import bridge_command
-from codex_endpoint import (
-    CodexOnEndpoint,
-    ask,
-    ask_each_twice_at_once,
-    new_session,
-    private_codex_home,
-)
+from codex_endpoint import TIMEOUT, CodexOnEndpoint, ask, new_session
 from conftest import verify_cached_preset
 
 from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
-from acp_bridge.runtime.client import AcpClient, spawn_bridge
+from acp_bridge.runtime.client import AcpClient
 from acp_bridge.runtime.embedded import open_embedded_bridge
 from acp_bridge.runtime.relay import BridgeOptions
 from acp_bridge.state.store import SessionStore
 
 pytestmark = pytest.mark.e2e
 
-TIMEOUT = 60.0
 # The start of codex's own base instructions (codex.md §TL;DR).
 CODEX_DEFAULT_START = "You are Codex"
-PROVIDER = "acp-bridge-test"
 
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     binary: Path = agents.codex_acp_binary()
     return binary
-
-
-@pytest.fixture
-def codex_home() -> Iterator[Path]:
-    with private_codex_home("codex-home-") as home:
-        yield home
 
 
 def processes_with_home(
@@ -72,10 +57,6 @@ def processes_with_home(
     )
 
 
-def codex_processes(codex_home: Path) -> list[int]:
-    return processes_with_home(codex_home, only_codex=True)
-
-
 @dataclass
 class CodexSetup(CodexOnEndpoint):
     binary: Path
@@ -84,32 +65,25 @@ class CodexSetup(CodexOnEndpoint):
         """codex-acp on the endpoint, never asking for approval, unable to write."""
         return [
             str(self.binary),
-            *agents.codex_endpoint_args(PROVIDER, "test", self.endpoint.url),
+            *agents.codex_endpoint_args(codex_endpoint.PROVIDER, "test", self.endpoint.url),
             "-c",
             "approval_policy=never",
             "-c",
             "sandbox_mode=read-only",
         ]
 
-    def command(self, *bridge_args: str) -> list[str]:
-        return bridge_command(self.state, self.agent_argv(), *bridge_args)
+    def processes(self) -> list[int]:
+        return processes_with_home(self.home)
 
-    def env(self) -> dict[str, str]:
-        return agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
-
-    @asynccontextmanager
-    async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
-        async with spawn_bridge(self.command(*bridge_args), self.env()) as (client, _):
-            result = await client.request("initialize", {"protocolVersion": 1})
-            capability = result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]
-            assert capability == {"mode": {"override": {}}}
-            yield client
+    def acp_processes(self) -> list[int]:
+        return processes_with_home(self.home, only_codex=True)
 
 
 @pytest.fixture
-async def codex(codex_binary: Path, codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexSetup]:
-    async with open_model_endpoint() as endpoint:
-        yield CodexSetup(codex_home, tmp_path / "sessions.sqlite3", endpoint, binary=codex_binary)
+async def codex(codex_binary: Path, tmp_path: Path) -> AsyncIterator[CodexSetup]:
+    with codex_endpoint.private_codex_home("codex-home-") as home:
+        async with open_model_endpoint() as endpoint:
+            yield CodexSetup(home, tmp_path / "sessions.sqlite3", endpoint, binary=codex_binary)
 
 
 def has_developer(request: RecordedRequest, marker: str) -> bool:
@@ -147,11 +121,11 @@ async def test_sessions_with_different_prompts_interleave_on_one_connection(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with codex.bridge() as client:
-            appended = await new_session(client, tmp_path, append("MARKER-A"))
-            plain = await new_session(client, tmp_path)
-            replaced = await new_session(client, tmp_path, override("MARKER-O"))
-            assert len(codex_processes(codex.home)) == 3
-            await ask_each_twice_at_once(codex, client, (appended, plain, replaced))
+            prompts = (append("MARKER-A"), None, override("MARKER-O"))
+            sessions = await codex_endpoint.new_sessions(client, tmp_path, prompts)
+            assert len(codex.acp_processes()) == 3
+            await codex_endpoint.ask_each_twice_at_once(codex, client, sessions)
+    appended, plain, replaced = sessions
     for request in codex.requests_of(appended):
         assert has_developer(request, "MARKER-A") and default_instructions(request)
     for request in codex.requests_of(plain):
@@ -231,16 +205,11 @@ async def test_cancelled_prompt_stops_with_cancelled(codex: CodexSetup, tmp_path
 async def test_no_codex_process_is_left_after_the_client_disconnects(
     codex: CodexSetup, tmp_path: Path
 ) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(codex.command(), codex.env()) as (client, bridge):
-            await client.request("initialize", {"protocolVersion": 1})
-            await new_session(client, tmp_path)
-            await new_session(client, tmp_path, append("MARKER-1"))
-            await new_session(client, tmp_path, override("MARKER-2"))
-            running = codex_processes(codex.home)
-            assert len(running) == 3
-        assert bridge.returncode == 0
-    assert processes_with_home(codex.home) == [], f"left behind; codex-acp was {running}"
+    # A process per prompt: the plain session's primary, and one each for the others.
+    prompts = (None, append("MARKER-1"), override("MARKER-2"))
+    await codex_endpoint.nothing_is_left_after_the_client_closes(
+        codex, tmp_path, prompts, running=3
+    )
 
 
 async def test_verify_passes_for_the_codex_legacy_preset(
@@ -263,7 +232,7 @@ async def test_append_prompt_stays_off_every_command_line(
     marker = "MARKER-PRIVATE-APPEND-7"
     options = BridgeOptions(
         agent_argv=codex.agent_argv(),
-        agent_env={"CODEX_HOME": str(codex.home), "FAKE_OPENAI_API_KEY": "sk-acp-bridge-test"},
+        agent_env={"CODEX_HOME": str(codex.home), "FAKE_OPENAI_API_KEY": codex_endpoint.API_KEY},
         shutdown_grace=0.5,
     )
 

@@ -16,48 +16,32 @@ binaries under a temporary folder).
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import agents  # tests/agents.py: installs and caches the pinned agents
+import codex_endpoint
 import pytest
 import trio
 from acp_requests import append, override, session_params
 from agent_processes import environment_values, live_processes
-from bridge_cli import bridge_command
-from codex_endpoint import (
-    CodexOnEndpoint,
-    ask,
-    ask_each_twice_at_once,
-    new_session,
-    private_codex_home,
-)
+from codex_endpoint import TIMEOUT, CodexOnEndpoint, ask, new_session
 from conftest import verify_cached_preset
 
 from acp_bridge.model_endpoint import RecordedRequest, open_model_endpoint
-from acp_bridge.runtime.client import AcpClient, spawn_bridge
+from acp_bridge.runtime.client import spawn_bridge
 
 pytestmark = pytest.mark.e2e
 
-TIMEOUT: Final = 60.0
 # The start of codex 0.166's default instructions, its first developer item.
 DEFAULT_HEAD: Final = "You are a coding agent running in the Codex CLI"
-PROVIDER: Final = "acp-bridge-test"
 
 
 @pytest.fixture(scope="module")
 def codex_acp() -> list[str]:
     return agents.codex_acp_command()
-
-
-@pytest.fixture
-def codex_home() -> Iterator[Path]:
-    with private_codex_home("codex-acp-home-") as home:
-        yield home
 
 
 def user_config(endpoint_url: str) -> dict[str, Any]:
@@ -72,8 +56,8 @@ def user_config(endpoint_url: str) -> dict[str, Any]:
         "supports_websockets": False,
     }
     return {
-        "model_provider": PROVIDER,
-        "model_providers": {PROVIDER: provider},
+        "model_provider": codex_endpoint.PROVIDER,
+        "model_providers": {codex_endpoint.PROVIDER: provider},
         "model": "gpt-5.4",
         "approval_policy": "never",
         "sandbox_mode": "read-only",
@@ -84,10 +68,11 @@ def user_config(endpoint_url: str) -> dict[str, Any]:
 class CodexAcp(CodexOnEndpoint):
     command: list[str]
 
+    def agent_argv(self) -> list[str]:
+        return self.command
+
     def env(self) -> dict[str, str]:
-        env = agents.codex_endpoint_env(os.environ, self.home, "sk-acp-bridge-test")
-        env["CODEX_CONFIG"] = json.dumps(user_config(self.endpoint.url))
-        return env
+        return {**super().env(), "CODEX_CONFIG": json.dumps(user_config(self.endpoint.url))}
 
     def processes(self) -> list[int]:
         """Live processes of this CODEX_HOME: codex-acp and the codex app-server it runs."""
@@ -106,25 +91,12 @@ class CodexAcp(CodexOnEndpoint):
                 continue
         return found
 
-    @asynccontextmanager
-    async def bridge(self, *bridge_args: str) -> AsyncIterator[AcpClient]:
-        argv = bridge_command(self.state, self.command, *bridge_args)
-        async with spawn_bridge(argv, self.env()) as (client, _):
-            await client.request("initialize", {"protocolVersion": 1})
-            yield client
-
 
 @pytest.fixture
-async def codex(codex_acp: list[str], codex_home: Path, tmp_path: Path) -> AsyncIterator[CodexAcp]:
-    async with open_model_endpoint() as endpoint:
-        yield CodexAcp(codex_home, tmp_path / "sessions.sqlite3", endpoint, command=codex_acp)
-
-
-def describe(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "(gone)"
+async def codex(codex_acp: list[str], tmp_path: Path) -> AsyncIterator[CodexAcp]:
+    with codex_endpoint.private_codex_home("codex-acp-home-") as home:
+        async with open_model_endpoint() as endpoint:
+            yield CodexAcp(home, tmp_path / "sessions.sqlite3", endpoint, command=codex_acp)
 
 
 def developer(request: RecordedRequest) -> list[str]:
@@ -144,9 +116,8 @@ def has(request: RecordedRequest, marker: str) -> bool:
 async def test_initialize_advertises_append_and_the_override_the_bridge_adds(
     codex: CodexAcp,
 ) -> None:
-    argv = bridge_command(codex.state, codex.command)
     with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(argv, codex.env()) as (client, _):
+        async with spawn_bridge(codex.bridge_argv(), codex.env()) as (client, _):
             result = await client.request("initialize", {"protocolVersion": 1})
     capabilities = result["agentCapabilities"]
     assert result["agentInfo"]["name"] == "@agentclientprotocol/codex-acp"
@@ -187,12 +158,10 @@ async def test_sessions_with_different_prompts_on_one_connection_each_get_only_t
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with codex.bridge() as client:
-            appended = await new_session(client, tmp_path, append("MARKER-A"))
-            plain = await new_session(client, tmp_path)
-            replaced = await new_session(client, tmp_path, override("MARKER-O"))
-            replaced_too = await new_session(client, tmp_path, override("MARKER-P"))
-            sessions = (appended, plain, replaced, replaced_too)
-            await ask_each_twice_at_once(codex, client, sessions)
+            prompts = (append("MARKER-A"), None, override("MARKER-O"), override("MARKER-P"))
+            sessions = await codex_endpoint.new_sessions(client, tmp_path, prompts)
+            await codex_endpoint.ask_each_twice_at_once(codex, client, sessions)
+    appended, plain, replaced, replaced_too = sessions
     markers = {appended: "MARKER-A", replaced: "MARKER-O", replaced_too: "MARKER-P"}
     for session in sessions:
         requests = codex.requests_of(session)
@@ -299,19 +268,12 @@ async def test_a_spare_process_serves_the_next_override_with_its_text(
 
 
 async def test_no_process_is_left_after_the_client_closes(codex: CodexAcp, tmp_path: Path) -> None:
-    argv = bridge_command(codex.state, codex.command)
-    with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(argv, codex.env()) as (client, bridge):
-            await client.request("initialize", {"protocolVersion": 1})
-            await new_session(client, tmp_path, append("MARKER-1"))
-            await new_session(client, tmp_path, override("MARKER-2"))
-            running = codex.processes()
-            # Two codex-acp processes, each with its codex app-server.
-            assert len(codex.acp_processes()) == 2
-        assert bridge.returncode == 0
-    left = {pid: describe(pid) for pid in codex.processes()}
-    assert left == {}, f"left behind; there were {running}"
-    assert not [p for p in codex.home.iterdir() if p.name.startswith("acp-bridge-")]
+    # Two codex-acp processes, each with its codex app-server: the primary takes the
+    # append natively, the override has one of its own.
+    prompts = (append("MARKER-1"), override("MARKER-2"))
+    await codex_endpoint.nothing_is_left_after_the_client_closes(
+        codex, tmp_path, prompts, running=2
+    )
 
 
 async def test_verify_passes_for_the_codex_preset(codex_acp: list[str], tmp_path: Path) -> None:
