@@ -320,3 +320,23 @@ def test_each_write_of_the_session_table_reaches_the_store(store: SessionStore) 
     assert lifecycle.get("child").live is False  # type: ignore[union-attr]
     lifecycle.apply(Forget("child"))
     assert lifecycle.get("child") is None
+
+
+def test_recording_a_session_runs_its_write_and_reads_nothing_back(
+    store: SessionStore,
+) -> None:
+    # Every session/new the bridge intercepts records its session: one upsert in its own
+    # transaction, no row read back and no owner looked up in /proc.
+    from acp_bridge.core.sessions import SaveSession
+    from acp_bridge.state.lifecycle import Lifecycle
+
+    lifecycle = Lifecycle(store, "agent")
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    lifecycle.apply(SaveSession("s1", PROMPT, new_conversation=True))
+    lifecycle.apply(SaveSession("s1", OTHER))
+    store._db.set_trace_callback(None)
+    verbs = [statement.split()[0] for statement in statements]
+    assert verbs == ["BEGIN", "INSERT", "COMMIT", "BEGIN", "INSERT", "COMMIT"]
+    saved = lifecycle.get("s1")
+    assert saved is not None and (saved.prompt, saved.live) == (OTHER, True)

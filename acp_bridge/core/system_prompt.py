@@ -7,9 +7,11 @@ itself, so a rejected request never reaches the agent. Everything here is sans-I
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -58,15 +60,23 @@ class SystemPrompt(BaseModel):
         value = (self.model_extra or {}).get("_meta")
         return value if isinstance(value, dict) else None
 
-    @property
+    # The model is frozen, so what is derived from it is computed once per prompt: the pool
+    # looks a prompt's process up by its fingerprint, and the store writes its JSON, on
+    # every session/new.
+
+    @cached_property
     def text(self) -> str:
         """The delivered text: blocks in order, joined with a blank line, nothing trimmed."""
         return BLOCK_JOIN.join(block.text for block in self.content)
 
-    def fingerprint(self) -> str:
-        """Identifies what reaches the model: mode and text, not ``_meta``."""
+    @cached_property
+    def _fingerprint(self) -> str:
         digest = hashlib.sha256(f"{self.mode}\0{self.text}".encode())
         return digest.hexdigest()[:32]
+
+    def fingerprint(self) -> str:
+        """Identifies what reaches the model: mode and text, not ``_meta``."""
+        return self._fingerprint
 
     def to_wire(self) -> JsonObject:
         # Python mode: JSON mode would encode strings as UTF-8 and fail on a lone surrogate
@@ -74,6 +84,15 @@ class SystemPrompt(BaseModel):
         wire: JsonObject = self.model_dump(mode="python")
         wire["content"] = list(wire["content"])
         return wire
+
+    @cached_property
+    def _wire_json(self) -> str:
+        return json.dumps(self.to_wire())
+
+    def wire_json(self) -> str:
+        """:meth:`to_wire` as JSON text (ASCII, a lone surrogate escaped): what the store
+        keeps."""
+        return self._wire_json
 
     @classmethod
     def from_wire(cls, value: JsonObject) -> SystemPrompt:

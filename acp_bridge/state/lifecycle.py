@@ -46,7 +46,7 @@ class Lifecycle:
     def save(
         self, session_id: str, prompt: SystemPrompt | None, *, parent_id: str | None = None
     ) -> None:
-        self.store.save(self.agent, session_id, prompt, live=True, parent_id=parent_id)
+        self.store.put(self.agent, session_id, prompt, live=True, parent_id=parent_id)
 
     def save_new(
         self, session_id: str, prompt: SystemPrompt | None, *, parent_id: str | None = None
@@ -55,7 +55,7 @@ class Lifecycle:
         conversation starts now, even if the agent reused the id of an older one (agents
         that number sessions per process do after a restart), so nothing stored for that id
         (what was delivered into it, its parent) carries over."""
-        self.store.save(
+        self.store.put(
             self.agent, session_id, prompt, live=True, parent_id=parent_id, new_conversation=True
         )
 

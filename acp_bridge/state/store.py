@@ -203,14 +203,38 @@ class SessionStore:
         parent_id: str | None = None,
         new_conversation: bool = False,
     ) -> SessionRecord:
+        """Insert or update a session (see :meth:`put`) and return it as stored."""
+        self.put(
+            agent,
+            session_id,
+            prompt,
+            live=live,
+            parent_id=parent_id,
+            new_conversation=new_conversation,
+        )
+        record = self.get(agent, session_id)
+        assert record is not None
+        return record
+
+    def put(
+        self,
+        agent: str,
+        session_id: str,
+        prompt: SystemPrompt | None,
+        *,
+        live: bool = True,
+        parent_id: str | None = None,
+        new_conversation: bool = False,
+    ) -> None:
         """Insert or update a session; an existing row keeps ``created_at``, ``delivered``
-        and (unless a new one is given) ``parent_id``.
+        and (unless a new one is given) ``parent_id``. Nothing is read back: this is the
+        write the bridge makes for every session it opens.
 
         ``new_conversation``: the agent handed out this id for a conversation that starts
         now (``session/new`` of an agent that numbers sessions per process, restarted), so
         nothing of an older row with the same id carries over.
         """
-        wire = None if prompt is None else json.dumps(prompt.to_wire())
+        wire = None if prompt is None else prompt.wire_json()
         now = time.time()
         owner = self._owner if live else (None, None)
         upsert = _NEW_CONVERSATION if new_conversation else _SAME_CONVERSATION
@@ -220,10 +244,6 @@ class SessionStore:
                 upsert,
                 (*key, wire, int(live), _optional_column(parent_id), now, now, *owner),
             )
-            row = db.execute(
-                f"SELECT {_COLUMNS} FROM sessions WHERE agent = ? AND session_id = ?", key
-            ).fetchone()
-        return self._record(row)
 
     def set_live(self, agent: str, session_id: str, live: bool) -> None:
         """Mark a session open (owned by this process) or closed."""
