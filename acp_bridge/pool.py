@@ -272,6 +272,12 @@ class PoolAdapter(Adapter):
             pooled = self.processes.primary()
             pooled.busy += 1
             return pooled, False
+        live = self.processes.live(key)
+        if live is not None:
+            # The usual case, a prompt whose process runs: no lock, so no trip to the
+            # scheduler (a trio lock is a checkpoint even when it is free).
+            live.busy += 1
+            return live, False
         lock = self._starting.setdefault(key, trio.Lock())
         try:
             async with lock:

@@ -196,6 +196,8 @@ class PoolProcesses:
         self._spare_starting: tuple[str, trio.Event] | None = None
         """The mode of a spare being started, and the event set when that start ends."""
         self._changed = trio.Event()
+        self._reaper_wakes_at = -math.inf
+        """When the reaper wakes unless ``_changed`` is set (-inf: it does not sleep)."""
         self._reaper_running = False
         self._reserved = 0
         self._keeper: Watchdog | None = None
@@ -226,9 +228,18 @@ class PoolProcesses:
         return self.by_key.get(pooled.key) is pooled
 
     def touch(self, pooled: PooledProcess) -> None:
-        """Start or clear the idle clock of a process after its sessions changed."""
-        pooled.idle_since = trio.current_time() if pooled.reapable else None
-        self._changed.set()
+        """Start or clear the idle clock of a process after its sessions changed.
+
+        The reaper is woken only when this makes a deadline earlier than the one it sleeps
+        until: a process that became busy is looked at again at that time anyway, and every
+        lifecycle call touches its process, so waking it each time would cost a scheduling
+        round per call."""
+        if not pooled.reapable:
+            pooled.idle_since = None
+            return
+        now = pooled.idle_since = trio.current_time()
+        if now + self.options.idle_timeout < self._reaper_wakes_at:
+            self._changed.set()
 
     # --------------------------------------------------------------- processes
 
@@ -439,8 +450,10 @@ class PoolProcesses:
             spare = self._spare
             if spare is not None and spare.idle_since is not None:
                 deadlines.append(spare.idle_since + self.options.idle_timeout)
-            with trio.move_on_at(min(deadlines, default=math.inf)):
+            self._reaper_wakes_at = min(deadlines, default=math.inf)
+            with trio.move_on_at(self._reaper_wakes_at):
                 await self._changed.wait()
+            self._reaper_wakes_at = -math.inf
             now = trio.current_time()
             spare = self._spare
             if (

@@ -507,6 +507,43 @@ async def test_a_process_without_sessions_is_reaped_after_the_idle_timeout(
         assert pool.holder(again) is not closed_process
 
 
+class TaskSteps(trio.abc.Instrument):
+    """How often each task was resumed by the scheduler."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task.name] = self.steps.get(task.name, 0) + 1
+
+
+async def test_a_session_in_a_running_prompts_process_costs_no_trip_to_the_scheduler(
+    private_dirs: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The usual session/new of a seen prompt: its process runs, so nothing waits (no lock
+    # taken) and no pool task is woken (the reaper sleeps until the earliest idle deadline,
+    # which a busy process does not bring forward).
+    async with open_pool(idle_timeout=10) as pool:
+        first = await pool.new(append("A"))
+        idle = await pool.new(append("idle"))
+        idle_process = pool.holder(idle)
+        await pool.close(idle)  # the reaper now sleeps until this one's deadline
+        await trio.testing.wait_all_tasks_blocked()
+        steps = TaskSteps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            sessions = [await pool.new(append("A")) for _ in range(10)]
+            assert steps.steps == {}  # the calls never yielded
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert not [name for name in steps.steps if "_reap_idle" in name]
+        assert {id(pool.holder(s)) for s in sessions} == {id(pool.holder(first))}
+        # The idle process is still reaped at its deadline.
+        await trio.sleep(11)
+        assert idle_process.closed and not pool.holder(first).closed
+
+
 async def test_past_the_maximum_a_new_prompt_gets_a_clear_error(private_dirs: Path) -> None:
     async with open_pool(max_processes=2) as pool:
         first = await pool.new(append("one"))
