@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from acp_bridge.adapter import HOOKS, Adapter, AdapterContext, Delivery
-from acp_bridge.core import capabilities, sessions
+from acp_bridge.core import capabilities, sessions, system_prompt
 from acp_bridge.core.sessions import (
     INITIALIZE,
     OPENING,
@@ -304,6 +304,46 @@ def test_an_agents_own_mode_is_taken_only_where_the_adapter_passes_it_on() -> No
 def test_the_configured_prompt_limit_applies() -> None:
     with pytest.raises(PromptRejected):
         table(max_prompt_bytes=4).begin("session/new", new_params(APPEND), None)
+
+
+def test_a_prompt_sent_again_is_judged_once_and_is_the_same_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The usual session/new of a seen prompt: validated, fingerprinted and serialised once.
+    judged: list[object] = []
+    parse = system_prompt.parse_system_prompt
+
+    def counting_parse(value: object, **rules: Any) -> SystemPrompt | None:
+        judged.append(value)
+        return parse(value, **rules)
+
+    monkeypatch.setattr(sessions, "parse_system_prompt", counting_parse)
+    sessions_table = table()
+    first = sessions_table.begin("session/new", new_params(APPEND), None)
+    again = sessions_table.begin("session/new", new_params(APPEND), None)
+    assert again.prompt is first.prompt and again.client_sent_prompt
+    assert again.params == {"cwd": "/", "mcpServers": []}
+    assert len(judged) == 1
+    other = sessions_table.begin("session/new", new_params(OTHER), None)
+    assert other.prompt == OTHER and len(judged) == 2
+
+
+def test_a_prompt_equal_to_the_last_only_in_python_is_judged_again() -> None:
+    # 1 == 1.0 == True in Python; in JSON they are three values, stored as sent.
+    sessions_table = table()
+    wire = {**APPEND.to_wire(), "_meta": {"n": 1}}
+    first = sessions_table.begin("session/new", new_params(wire), None)
+    for value in (True, 1.0):
+        step = sessions_table.begin(
+            "session/new", new_params({**wire, "_meta": {"n": value}}), None
+        )
+        assert step.prompt is not None and step.prompt is not first.prompt
+        assert step.prompt.to_wire()["_meta"] == {"n": value}
+        assert type(step.prompt.to_wire()["_meta"]["n"]) is type(value)
+    bad = {**wire, "content": [{"type": "text", "text": "Be brief.", "_meta": 1}]}
+    sessions_table.begin("session/new", new_params(wire), None)
+    with pytest.raises(PromptRejected):
+        sessions_table.begin("session/new", new_params(bad), None)
 
 
 def test_a_null_prompt_is_the_same_as_an_omitted_one() -> None:

@@ -82,6 +82,7 @@ from acp_bridge.core.system_prompt import (
     PromptRejected,
     SystemPrompt,
     parse_system_prompt,
+    same_json,
     take_system_prompt,
 )
 from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
@@ -281,6 +282,9 @@ class SessionTable:
         self.delivery: Delivery | None = None
         self.intercepted: frozenset[str] = frozenset({INITIALIZE})
         self._live: set[str] = set()
+        # The last prompt a client sent that passed validation: its value as sent, the
+        # delivery it was judged under, and the prompt it gave.
+        self._last_prompt: tuple[object, Delivery, SystemPrompt] | None = None
 
     @property
     def live(self) -> Set[str]:
@@ -353,14 +357,21 @@ class SessionTable:
         )
 
     def _take_prompt(self, params: JsonObject) -> SystemPrompt | None:
-        assert self.delivery is not None
+        delivery = self.delivery
+        assert delivery is not None
         raw, source = take_system_prompt(params)
+        last = self._last_prompt
+        if last is not None and last[1] is delivery and same_json(raw, last[0]):
+            # The prompt the client sent last, again (the usual session/new of a seen
+            # prompt): the same value under the same rules is valid and gives the same
+            # prompt, whose fingerprint and stored form are already computed.
+            return last[2]
         try:
-            return parse_system_prompt(
+            prompt = parse_system_prompt(
                 raw,
-                override_allowed=self.delivery.override,
+                override_allowed=delivery.override,
                 max_bytes=self.max_prompt_bytes,
-                custom_modes=self.delivery.custom_modes,
+                custom_modes=delivery.custom_modes,
             )
         except PromptRejected as rejected:
             if source == FIELD:
@@ -368,6 +379,9 @@ class SessionTable:
             # Named where the client put it (_meta.systemPrompt.content, ...).
             field = source + rejected.field.removeprefix(FIELD)
             raise replace(rejected, field=field) from None
+        if prompt is not None:
+            self._last_prompt = (raw, delivery, prompt)
+        return prompt
 
     # ---------------------------------------------------------- after the hook
 

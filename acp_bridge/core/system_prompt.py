@@ -198,6 +198,23 @@ def parse_system_prompt(
         raise PromptRejected("The systemPrompt does not match the schema.", field) from None
 
 
+def same_json(first: object, second: object) -> bool:
+    """Whether two decoded JSON values are the same value: equal, with every member of the
+    same type (Python's ``==`` takes ``1``, ``1.0`` and ``true`` for equal, JSON does not),
+    and objects with the same keys."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, dict):
+        assert isinstance(second, dict)
+        return first.keys() == second.keys() and all(
+            same_json(value, second[key]) for key, value in first.items()
+        )
+    if isinstance(first, list):
+        assert isinstance(second, list)
+        return len(first) == len(second) and all(map(same_json, first, second))
+    return first == second
+
+
 META_FIELD: Final = "_meta.systemPrompt"
 # What the Python SDK (agent-client-protocol 0.12) makes of ``system_prompt=`` on
 # new_session and the others: unknown keywords go into _meta under the name given.
