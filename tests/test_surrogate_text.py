@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 from click.testing import CliRunner
-from conftest import OpenBridge, OpenMemoryBridge
+from conftest import BridgeLines, OpenBridge, OpenMemoryBridge
 
 from acp_bridge.commands.sessions_cli import sessions
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -28,6 +28,19 @@ from acp_bridge.wire.jsonrpc import INVALID_PARAMS
 LONE = "\ud800"
 LONE_ESCAPED = b'"\\ud800"'
 INITIALIZE = {"protocolVersion": 1, "clientCapabilities": {}}
+
+
+async def load_the_session_named_lone(bridge: BridgeLines) -> None:
+    """``initialize``, then ``session/load`` (id 1) of the session whose id is
+    :data:`LONE`, sent as a client writes it: answered with an empty result."""
+    await bridge.request(0, "initialize", INITIALIZE)
+    await bridge.response_to(0)
+    await bridge.send_line(
+        b'{"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":'
+        + LONE_ESCAPED
+        + b',"cwd":"/","mcpServers":[]}}'
+    )
+    assert (await bridge.response_to(1)) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
 
 def test_store_keeps_and_finds_ids_that_have_no_utf8_form() -> None:
@@ -72,14 +85,7 @@ async def test_session_load_of_an_id_with_a_lone_surrogate(
 ) -> None:
     with trio.fail_after(30):
         async with open_memory_bridge() as bridge:
-            await bridge.request(0, "initialize", INITIALIZE)
-            await bridge.response_to(0)
-            await bridge.send_line(
-                b'{"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":'
-                + LONE_ESCAPED
-                + b',"cwd":"/","mcpServers":[]}}'
-            )
-            assert (await bridge.response_to(1)) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            await load_the_session_named_lone(bridge)
             await bridge.request(
                 2,
                 "session/load",
@@ -217,14 +223,7 @@ async def test_bridge_process_logs_text_with_lone_surrogates(
     state = tmp_path / "sessions.sqlite3"
     with trio.fail_after(60):
         async with open_bridge(config={"log_level": "debug", "state": str(state)}) as bridge:
-            await bridge.request(0, "initialize", INITIALIZE)
-            await bridge.response_to(0)
-            await bridge.send_line(
-                b'{"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":'
-                + LONE_ESCAPED
-                + b',"cwd":"/","mcpServers":[]}}'
-            )
-            assert (await bridge.response_to(1)) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            await load_the_session_named_lone(bridge)
         assert "Logging error" not in bridge.stderr() and "Traceback" not in bridge.stderr()
     with SessionStore(state) as store:
         assert [(r.agent, r.session_id) for r in store.list()] == [("fake-agent", LONE)]
