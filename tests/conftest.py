@@ -28,7 +28,7 @@ import trio
 import trio.testing
 import yaml
 from bridge_cli import isolated_env, write_verify_config
-from memory_agent import ScriptedAgent, ScriptedSpawner
+from memory_agent import FAKE_PYTHON, ScriptedAgent, ScriptedSpawner
 
 from acp_bridge.commands.cli import make_tracer, resolve_runtime
 from acp_bridge.runtime.relay import Bridge
@@ -200,7 +200,7 @@ class RunningBridge(BridgeLines):
 
 def fake_agent_argv(directory: Path, *extra: str, grandchild: bool = False) -> list[str]:
     argv = [
-        sys.executable,
+        *FAKE_PYTHON,
         str(FAKE_AGENT),
         "--record",
         str(directory / "agent-received"),

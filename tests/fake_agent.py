@@ -27,23 +27,29 @@ in-memory streams, so both agents answer alike byte for byte.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+
+# Most tests that start a process start this agent, so it starts on the standard library's
+# cheapest modules: no argparse, dataclasses or typing (they pull in inspect, shutil,
+# gettext and the like), subprocess only for a grandchild. A start and an answer took
+# 22 ms of CPU under ``python -S`` (memory_agent.FAKE_PYTHON), 52 ms with them and site.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
-@dataclass(frozen=True)
 class Exit:
     """The agent ends at once with ``code``, answering nothing more."""
 
-    code: int
+    __slots__ = ("code",)
+
+    def __init__(self, code: int) -> None:
+        self.code = code
 
 
 # What the script does about one line: write these lines (without their newline), in
@@ -51,49 +57,100 @@ class Exit:
 Output = list["bytes | Exit"]
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--record")
-    parser.add_argument("--name", default="fake-agent")
-    parser.add_argument("--caps", default="{}", help="agentCapabilities JSON")
-    parser.add_argument("--ignore-eof", action="store_true")
-    parser.add_argument("--ignore-term", action="store_true")
-    parser.add_argument("--grandchild-pidfile")
-    parser.add_argument(
-        "--grandchild-own-session",
-        action="store_true",
-        help="start the grandchild in a session of its own, out of the agent's group",
-    )
-    parser.add_argument(
-        "--grandchild-spawns-late",
-        action="store_true",
-        help="the grandchild (in a session of its own) starts a child of its own once the "
-        "agent has exited, and writes its pid to <grandchild-pidfile>.late",
-    )
-    parser.add_argument("--fail-method", action="append", default=[])
-    parser.add_argument("--fail-message", help="the error message of --fail-method's answers")
-    parser.add_argument("--session-prefix", default="", help="prefix of new session ids")
-    parser.add_argument("--sent")
-    parser.add_argument("--pidfile")
-    parser.add_argument("--eof-exit-code", type=int, default=0)
-    return parser
+class Options:
+    """The command line, as parsed by :func:`parse_args`."""
+
+    def __init__(self) -> None:
+        self.record: str | None = None
+        self.name = "fake-agent"
+        self.caps = "{}"  # agentCapabilities JSON
+        self.ignore_eof = False
+        self.ignore_term = False
+        self.grandchild_pidfile: str | None = None
+        # Start the grandchild in a session of its own, out of the agent's group.
+        self.grandchild_own_session = False
+        # The grandchild (in a session of its own) starts a child of its own once the
+        # agent has exited, and writes its pid to <grandchild-pidfile>.late.
+        self.grandchild_spawns_late = False
+        self.fail_method: list[str] = []
+        self.fail_message: str | None = None  # the error message of --fail-method's answers
+        self.session_prefix = ""  # prefix of new session ids
+        self.sent: str | None = None
+        self.pidfile: str | None = None
+        self.eof_exit_code = 0
 
 
-@dataclass
+FLAGS = ("--ignore-eof", "--ignore-term", "--grandchild-own-session", "--grandchild-spawns-late")
+VALUED = (
+    "--record",
+    "--name",
+    "--caps",
+    "--grandchild-pidfile",
+    "--fail-method",
+    "--fail-message",
+    "--session-prefix",
+    "--sent",
+    "--pidfile",
+    "--eof-exit-code",
+)
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    """``argv`` (without the program) as argparse would read these options: ``--x value``
+    or ``--x=value``, a unique prefix for a name, ``--fail-method`` repeatable; anything
+    else is an error (a ``ValueError``)."""
+    options = Options()
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        name, equals, value = word.partition("=")
+        matches = [o for o in (*FLAGS, *VALUED) if o == name] or [
+            o for o in (*FLAGS, *VALUED) if o.startswith(name) and name.startswith("--")
+        ]
+        if len(matches) != 1:
+            raise ValueError(f"fake agent: unknown or ambiguous option {word!r}")
+        option = matches[0]
+        attribute = option[2:].replace("-", "_")
+        if option in FLAGS:
+            if equals:
+                raise ValueError(f"fake agent: {option} takes no value")
+            setattr(options, attribute, True)
+            continue
+        if not equals:
+            if not rest:
+                raise ValueError(f"fake agent: {option} needs a value")
+            value = rest.pop(0)
+        if option == "--fail-method":
+            options.fail_method.append(value)
+        elif option == "--eof-exit-code":
+            options.eof_exit_code = int(value)
+        else:
+            setattr(options, attribute, value)
+    return options
+
+
 class Script:
     """The fake agent's answers, line by line, without I/O."""
 
-    name: str = "fake-agent"
-    caps: Any = field(default_factory=dict)
-    fail_methods: Sequence[str] = ()
-    session_prefix: str = ""
-    fail_message: str | None = None
-    counter: int = 0
-    waiting: dict[Any, Any] = field(default_factory=dict)  # client-request id -> ours
-    held: dict[Any, Any] = field(default_factory=dict)  # _test/hold request id -> params
+    def __init__(
+        self,
+        name: str = "fake-agent",
+        caps: Any = None,
+        fail_methods: Sequence[str] = (),
+        session_prefix: str = "",
+        fail_message: str | None = None,
+    ) -> None:
+        self.name = name
+        self.caps = {} if caps is None else caps
+        self.fail_methods = fail_methods
+        self.session_prefix = session_prefix
+        self.fail_message = fail_message
+        self.counter = 0
+        self.waiting: dict[Any, Any] = {}  # client-request id -> ours
+        self.held: dict[Any, Any] = {}  # _test/hold request id -> params
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> Script:
+    def of(cls, args: Options) -> Script:
         caps = json.loads(args.caps)
         return cls(args.name, caps, args.fail_method, args.session_prefix, args.fail_message)
 
@@ -235,7 +292,11 @@ class Script:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    try:
+        args = parse_args(sys.argv[1:])
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)  # as argparse does
     out = sys.stdout.buffer
     sent_log = open(args.sent, "ab") if args.sent else None  # noqa: SIM115
 
@@ -256,12 +317,16 @@ def main() -> None:
                 "parent = os.getppid()\n"
                 "while os.getppid() == parent:\n"
                 "    time.sleep(0.01)\n"
-                "late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+                "late = subprocess.Popen(\n"
+                "    [sys.executable, '-S', '-c', 'import time; time.sleep(3600)']\n"
+                ")\n"
                 f"open({args.grandchild_pidfile + '.late'!r}, 'w').write(str(late.pid))\n"
                 "time.sleep(3600)\n"
             )
+        import subprocess  # only a grandchild needs it
+
         child = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [sys.executable, "-S", "-c", code],
             stdin=subprocess.DEVNULL,
             start_new_session=args.grandchild_own_session,
         )

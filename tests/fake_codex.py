@@ -24,9 +24,12 @@ import json
 import os
 import sys
 import time
-import uuid
-from pathlib import Path
-from typing import Any
+
+# Pools start this agent by the dozen: it imports no pathlib, uuid or typing (a start and
+# an answer took 22 ms of CPU under ``python -S``, 35 ms with them and the site module).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 out = sys.stdout.buffer
 CLOSE_SETTLE = 0.3
@@ -37,9 +40,9 @@ def send(message: Any) -> None:
     out.flush()
 
 
-def parse_args(argv: list[str]) -> tuple[dict[str, str], Path]:
+def parse_args(argv: list[str]) -> tuple[dict[str, str], str]:
     overrides: dict[str, str] = {}
-    record_dir = Path(".")
+    record_dir = "."
     index = 0
     while index < len(argv):
         if argv[index] == "-c":
@@ -47,11 +50,20 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], Path]:
             overrides[key] = value
             index += 2
         elif argv[index] == "--record-dir":
-            record_dir = Path(argv[index + 1])
+            record_dir = argv[index + 1]
             index += 2
         else:
             index += 1
     return overrides, record_dir
+
+
+def new_session_id() -> str:
+    """A random id in uuid4's form, as codex-acp hands out."""
+    digits = bytearray(os.urandom(16))
+    digits[6] = digits[6] & 0x0F | 0x40  # version 4
+    digits[8] = digits[8] & 0x3F | 0x80  # the RFC 4122 variant
+    h = digits.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def toml_string(value: str) -> str:
@@ -61,20 +73,23 @@ def toml_string(value: str) -> str:
 
 def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
     overrides, record_dir = parse_args(sys.argv[1:])
-    record = (record_dir / f"{os.getpid()}.jsonl").open("a", encoding="utf-8")
+    record = open(os.path.join(record_dir, f"{os.getpid()}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
     record.write(json.dumps({"overrides": overrides}) + "\n")
     record.flush()
     developer = toml_string(overrides.get("developer_instructions", "")) or None
-    config = Path(os.environ.get("CODEX_HOME", "/nonexistent")) / "config.toml"
-    if developer is None and config.is_file():
+    config = os.path.join(os.environ.get("CODEX_HOME", "/nonexistent"), "config.toml")
+    if developer is None and os.path.isfile(config):
         # Like codex, a root key of CODEX_HOME/config.toml when no -c names it.
-        for line in config.read_text().splitlines():
+        with open(config) as config_file:
+            config_lines = config_file.read().splitlines()
+        for line in config_lines:
             key, _, value = line.partition(" = ")
             if key == "developer_instructions":
                 developer = toml_string(value)
     base = None
     if "model_instructions_file" in overrides:
-        base = Path(toml_string(overrides["model_instructions_file"])).read_text().strip()
+        with open(toml_string(overrides["model_instructions_file"])) as base_file:
+            base = base_file.read().strip()
     identity = {"developer": developer, "base": base, "pid": os.getpid()}
     hanging: dict[Any, Any] = {}  # sessionId -> prompt request id
     closed_at: dict[Any, float] = {}  # sessionId -> when session/close was answered
@@ -116,7 +131,7 @@ def main() -> None:  # noqa: PLR0915 - one flat dispatch, like the real agent's
                 }
             )
         elif method == "session/new":
-            answer({"sessionId": str(uuid.uuid4())})
+            answer({"sessionId": new_session_id()})
         elif method == "session/list":
             answer({"sessions": [], "answeredBy": os.getpid()})
         elif method in ("session/load", "session/resume") and (

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import trio
 import trio.testing
-from memory_agent import ScriptedSpawner
+from memory_agent import FAKE_PYTHON, ScriptedSpawner
 from schema import validate_agent_frame, validate_initialize_response
 
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -68,7 +68,7 @@ class FakeAgent:
     session_prefix: str = ""
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, str(FAKE_AGENT), "--record", str(self.record)]
+        argv = [*FAKE_PYTHON, str(FAKE_AGENT), "--record", str(self.record)]
         argv += ["--name", self.name, "--caps", json.dumps(self.caps)]
         for method in self.fail_methods:
             argv += ["--fail-method", method]

@@ -41,6 +41,11 @@ from acp_bridge.wire import jsonrpc
 
 FAKE_AGENT: Final = Path(fake_agent.__file__).resolve()
 FAKE_GOOSE: Final = Path(fake_goose.__file__).resolve()
+# How the tests start the fake agents of tests/ as processes. They use the standard
+# library only, so they start without the site module: no site-packages to scan and no
+# import hook of an editable install (a bare interpreter's start took 11 ms of CPU so
+# instead of 30 ms here).
+FAKE_PYTHON: Final = (sys.executable, "-S")
 
 
 def read_json(line: bytes) -> Any:
@@ -309,17 +314,20 @@ class ScriptedAgent(InMemoryProcess):
     _pids = 20_000
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        program = Path(argv[1]).resolve() if len(argv) > 1 else None
+        command = list(argv[1:])
+        if command[:1] == ["-S"]:  # conftest.FAKE_PYTHON
+            command = command[1:]
+        program = Path(command[0]).resolve() if command else None
         self.script: fake_agent.Script | fake_goose.Script
         if program == FAKE_AGENT:
-            self.args = fake_agent.parser().parse_args(list(argv[2:]))
+            self.args = fake_agent.parse_args(command[1:])
             if self.args.grandchild_pidfile:
                 raise ValueError("a grandchild needs a real process")
             self.script = fake_agent.Script.of(self.args)
         elif program == FAKE_GOOSE:
             # The process would see the bridge's environment with the agent's on top.
-            self.script = fake_goose.Script(argv[2:], {**os.environ, **env})
-            self.args = fake_agent.parser().parse_args([])  # a process's defaults
+            self.script = fake_goose.Script(command[1:], {**os.environ, **env})
+            self.args = fake_agent.parse_args([])  # a process's defaults
         else:
             raise ValueError(f"not a command of a fake agent in tests/: {list(argv)}")
         ScriptedAgent._pids += 1

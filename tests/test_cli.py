@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.commands.cli import main
 from acp_bridge.runtime.trace import redact
@@ -61,7 +62,7 @@ def check_lines(*args: str) -> dict[str, str]:
 
 
 def test_check_says_in_words_what_the_agent_and_the_bridge_offer() -> None:
-    report = check_lines("--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS)
+    report = check_lines("--", *FAKE_PYTHON, FAKE_AGENT, "--caps", OVERRIDE_CAPS)
     assert report["agent"] == "fake-agent 1.0.0"
     assert report["natively"] == "append and override (the agent advertises systemPrompt)"
     assert report["adapter"] == (
@@ -73,7 +74,7 @@ def test_check_says_in_words_what_the_agent_and_the_bridge_offer() -> None:
 
 
 def test_check_without_a_native_capability_names_the_fallback_and_why() -> None:
-    report = check_lines("--", sys.executable, FAKE_AGENT)
+    report = check_lines("--", *FAKE_PYTHON, FAKE_AGENT)
     assert report["natively"] == "nothing (the agent does not advertise systemPrompt)"
     assert report["adapter"] == (
         "first-turn, because no adapter recognises the agent and it does not advertise systemPrompt"
@@ -82,7 +83,7 @@ def test_check_without_a_native_capability_names_the_fallback_and_why() -> None:
 
 
 def test_check_says_an_adapter_was_given_and_the_policy_narrowed_the_offer() -> None:
-    agent = ["--", sys.executable, FAKE_AGENT, "--caps", OVERRIDE_CAPS]
+    agent = ["--", *FAKE_PYTHON, FAKE_AGENT, "--caps", OVERRIDE_CAPS]
     report = check_lines("--adapter", "native", "--no-override", *agent)
     assert report["adapter"] == "native, given with --adapter"
     assert report["advertised"] == "append only"
@@ -90,12 +91,12 @@ def test_check_says_an_adapter_was_given_and_the_policy_narrowed_the_offer() -> 
     assert (
         report["advertised"] == "append and override (the agent's own answer, relayed as it came)"
     )
-    report = check_lines("--adapter", "passthrough", "--", sys.executable, FAKE_AGENT)
+    report = check_lines("--adapter", "passthrough", "--", *FAKE_PYTHON, FAKE_AGENT)
     assert report["advertised"] == "nothing (the agent's own answer, relayed as it came)"
 
 
 def test_check_labels_the_agents_own_stderr() -> None:
-    script = f"echo 'starting up, says the agent' >&2; exec {sys.executable} {FAKE_AGENT}"
+    script = f"echo 'starting up, says the agent' >&2; exec {' '.join(FAKE_PYTHON)} {FAKE_AGENT}"
     done = run_bridge(["check", "--", "sh", "-c", script], b"")
     assert done.returncode == 0, done.stderr
     assert b"agent stderr: starting up, says the agent\n" in done.stderr
@@ -127,7 +128,7 @@ def test_check_names_a_command_that_cannot_start() -> None:
 
 
 def test_unknown_adapter_and_missing_agent_are_usage_errors() -> None:
-    result = CliRunner().invoke(main, ["--adapter", "nope", "--", sys.executable, FAKE_AGENT])
+    result = CliRunner().invoke(main, ["--adapter", "nope", "--", *FAKE_PYTHON, FAKE_AGENT])
     assert result.exit_code == 1 and "unknown adapter 'nope'" in result.output
     result = CliRunner().invoke(main, [])
     assert result.exit_code == 2 and "no agent" in result.output
@@ -137,7 +138,7 @@ def test_unknown_adapter_and_missing_agent_are_usage_errors() -> None:
 
 def test_agent_command_without_double_dash_runs_too(tmp_path: Path) -> None:
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
-    done = run_bridge(["--state", ":memory:", sys.executable, FAKE_AGENT], init)
+    done = run_bridge(["--state", ":memory:", *FAKE_PYTHON, FAKE_AGENT], init)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"]["agentInfo"]["name"] == "fake-agent"
 
@@ -160,7 +161,7 @@ def test_trace_records_every_frame_with_prompt_text_redacted(tmp_path: Path) -> 
     ]
     stdin = b"".join(json.dumps(f).encode() + b"\n" for f in frames)
     done = run_bridge(
-        ["--state", ":memory:", "--trace", str(trace), "--", sys.executable, FAKE_AGENT], stdin
+        ["--state", ":memory:", "--trace", str(trace), "--", *FAKE_PYTHON, FAKE_AGENT], stdin
     )
     assert done.returncode == 0, done.stderr
     entries = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -336,7 +337,7 @@ def test_a_mistyped_command_is_a_usage_error_suggesting_it(
 def test_an_installed_agent_named_like_a_command_still_runs(tmp_path: Path) -> None:
     """Close to ``serve``, but an executable on PATH and no --agent: the agent command."""
     script = tmp_path / "serv"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_AGENT}\n")
+    script.write_text(f"#!/bin/sh\nexec {' '.join(FAKE_PYTHON)} {FAKE_AGENT}\n")
     script.chmod(0o755)
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
@@ -385,7 +386,7 @@ def test_help_gives_each_command_summary_whole(columns: str) -> None:
 def test_a_misspelt_config_key_gets_a_suggestion(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("bridge:\n  allow_overide: false\nagents:\n  claude:\n    envv: {}\n")
-    done = run_bridge(["--config", str(config), "--", sys.executable, FAKE_AGENT], b"")
+    done = run_bridge(["--config", str(config), "--", *FAKE_PYTHON, FAKE_AGENT], b"")
     assert done.returncode == 1
     error = done.stderr.decode()
     assert f"{config}: bridge.allow_overide: unknown key (did you mean allow_override?)" in error

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from acp_bridge.adapters.codex import (  # type: ignore[import-not-found,unused-
     user_codex_config,
 )
 from conftest import pid_alive
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.pool import PromptRefused
@@ -109,7 +109,7 @@ async def codex_bridge(
     records = tmp_path / "records"
     records.mkdir(exist_ok=True)
     options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_argv=[*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)],
         agent_env=agent_env or {},
         shutdown_grace=0.3,
         adapter_options={"codex": codex_options},
@@ -246,7 +246,7 @@ async def test_agent_requests_from_two_processes_get_distinct_client_ids(
     records = tmp_path / "records"
     records.mkdir()
     options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_argv=[*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)],
         shutdown_grace=0.3,
     )
     client_stream, bridge_stream = trio.testing.memory_stream_pair()
@@ -413,7 +413,7 @@ async def test_invalid_adapter_options_fail_initialize(tmp_path: Path) -> None:
     records = tmp_path / "records"
     records.mkdir()
     options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_argv=[*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)],
         shutdown_grace=0.3,
         adapter_options={"codex": {"idle_timout": 1}},
     )

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 import trio
 from conftest import FAKE_AGENT, PRIVATE_ENV, pid_alive
+from memory_agent import FAKE_PYTHON
 from threaded_agent import AgentFunction, Pipe, ThreadedAgent, scripted
 
 from acp_bridge import builtin_adapters, registry
@@ -243,7 +244,7 @@ class Client:
 
 
 def fake_agent(*args: str) -> Agent:
-    return lambda record: [sys.executable, str(FAKE_AGENT), "--record", str(record), *args]
+    return lambda record: [*FAKE_PYTHON, str(FAKE_AGENT), "--record", str(record), *args]
 
 
 @contextlib.contextmanager
@@ -584,7 +585,7 @@ def test_a_mistyped_adapter_is_refused_before_the_agent_starts(
     done = subprocess.run(
         [
             sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--adapter", "claud",
-            "--", sys.executable, str(FAKE_AGENT), "--pidfile", str(pidfile),
+            "--", *FAKE_PYTHON, str(FAKE_AGENT), "--pidfile", str(pidfile),
         ],
         input=INITIALIZE, capture_output=True, env=bridge_env, timeout=30, check=False,
     )  # fmt: skip

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from acp_bridge.adapters.goose import (  # type: ignore[import-not-found,unused-
     protect_template,
 )
 from fake_goose import DEFAULT_PROMPT, render
-from memory_agent import ScriptedSpawner
+from memory_agent import FAKE_PYTHON, ScriptedSpawner
 
 from acp_bridge.runtime.client import AcpClient, ClientRequestError, connect
 from acp_bridge.runtime.relay import Bridge, BridgeOptions
@@ -97,7 +96,7 @@ async def goose_bridge(
     """The bridge in front of a fake goose; goose's sessions and the bridge's store persist
     in ``tmp_path`` across uses, like a restart of both."""
     argv = [
-        sys.executable,
+        *FAKE_PYTHON,
         str(FAKE_GOOSE),
         "acp",
         "--db",

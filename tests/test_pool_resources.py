@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.adapter import AgentLink
 from acp_bridge.pool import PoolAdapter
@@ -46,7 +46,7 @@ async def pooled_bridge(
     records = tmp_path / "records"
     records.mkdir(exist_ok=True)
     options = BridgeOptions(
-        agent_argv=[sys.executable, str(FAKE_CODEX), "--record-dir", str(records)],
+        agent_argv=[*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)],
         shutdown_grace=0.3,
         adapter_options={"codex": pool_options},
     )

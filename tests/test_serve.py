@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from memory_agent import ScriptedSpawner
+from memory_agent import FAKE_PYTHON, ScriptedSpawner
 from sidecar import wait_listening
 
 from acp_bridge.commands.serve import (
@@ -50,7 +50,7 @@ def make_server(
 ) -> Server:
     """A server whose agents are the fake agent run as coroutines, unless ``spawner`` says
     otherwise."""
-    argv = [sys.executable, FAKE_AGENT, "--record", str(tmp_path / "agent.log")]
+    argv = [*FAKE_PYTHON, FAKE_AGENT, "--record", str(tmp_path / "agent.log")]
     if pidfile:
         argv += ["--pidfile", str(tmp_path / "agent.pid")]
     options = BridgeOptions(agent_argv=argv, shutdown_grace=0.5)
@@ -326,7 +326,7 @@ async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
     env.pop("ACP_BRIDGE_TOKEN", None)
     argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
     argv += ["--listen", f"unix:{socket_path}", "--token-file", str(token_file)]
-    argv += ["--max-connections", "4", "--", sys.executable, FAKE_AGENT]
+    argv += ["--max-connections", "4", "--", *FAKE_PYTHON, FAKE_AGENT]
     async with trio.open_nursery() as nursery:
         process = await nursery.start(partial(trio.run_process, argv, env=env, check=False))
         try:
@@ -409,7 +409,7 @@ async def test_serve_says_where_it_listens_at_the_default_log_level(
     env.pop("ACP_BRIDGE_TOKEN", None)
     listen = f"unix:{tmp_path / 's.sock'}" if scheme == "unix" else "tcp://127.0.0.1:0"
     argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
-    argv += ["--listen", listen, "--", sys.executable, FAKE_AGENT]
+    argv += ["--listen", listen, "--", *FAKE_PYTHON, FAKE_AGENT]
     process = await trio.lowlevel.open_process(argv, env=env, stderr=subprocess.PIPE)
     assert process.stderr is not None
     said = b""
@@ -437,7 +437,7 @@ def test_the_stdio_modes_stay_silent_at_the_default_log_level(tmp_path: Path) ->
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
     done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--", sys.executable, FAKE_AGENT],
+        [sys.executable, "-m", "acp_bridge", "--", *FAKE_PYTHON, FAKE_AGENT],
         input=init,
         capture_output=True,
         env=env,

@@ -23,6 +23,7 @@ import pytest
 import trio
 from agent_processes import live_processes
 from conftest import RunningBridge, fake_agent_argv
+from memory_agent import FAKE_PYTHON
 
 # A killed bridge's agents, their children and its watchdogs must be gone by then.
 NO_SURVIVOR_AFTER = 2.0
@@ -145,7 +146,7 @@ async def open_pooled_cli(
     directory.mkdir()
     records = directory / "records"
     records.mkdir()
-    agent = [sys.executable, str(FAKE_CODEX), "--record-dir", str(records)]
+    agent = [*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)]
     return await open_cli(["--state", ":memory:", *bridge_args, "--", *agent], env, directory)
 
 

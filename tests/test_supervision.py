@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from conftest import OpenBridge, RunningBridge, pid_alive
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
 
@@ -304,7 +305,7 @@ async def test_a_sigkilled_bridge_leaves_no_private_prompt_folder_of_a_pooled_pr
     records = tmp_path / "codex-records"
     records.mkdir()
     fake_codex = Path(__file__).with_name("fake_codex.py")
-    argv = [sys.executable, str(fake_codex), "--record-dir", str(records)]
+    argv = [*FAKE_PYTHON, str(fake_codex), "--record-dir", str(records)]
     override = {"mode": "override", "content": [{"type": "text", "text": "persona"}]}
     with trio.fail_after(30):
         async with open_bridge(agent_argv=argv, config={"adapter": "codex"}) as bridge:

@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 import trio
 from conftest import FAKE_AGENT, OpenBridge, OpenMemoryBridge
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -118,7 +119,7 @@ def test_the_command_names_a_trace_file_it_cannot_open(tmp_path: Path) -> None:
     link = tmp_path / "trace.jsonl"
     link.symlink_to(tmp_path / "elsewhere")
     argv = [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--trace", str(link),
-            "--", sys.executable, str(FAKE_AGENT)]  # fmt: skip
+            "--", *FAKE_PYTHON, str(FAKE_AGENT)]  # fmt: skip
     done = subprocess.run(argv, input=b"", capture_output=True, timeout=30, check=False)
     assert done.returncode != 0
     stderr = done.stderr.decode()

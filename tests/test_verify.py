@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import run_verify
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.commands.verify import STDERR_TAIL, DefaultPrompt, Row, format_table, succeeded
 
@@ -119,7 +119,7 @@ def verify_args(tmp_path: Path, *agent_args: str, adapter: str | None = None) ->
     return [
         *args,
         "--",
-        sys.executable,
+        *FAKE_PYTHON,
         str(FAKE_MODEL_AGENT),
         "--sessions",
         str(sessions),
@@ -322,7 +322,7 @@ async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
 ) -> None:
     # `acp-bridge verify -- npx -y <package>` of a shipped preset: the preset with the same
     # command says how to point the agent at the endpoint; the adapter is chosen as usual.
-    argv = [sys.executable, str(FAKE_MODEL_AGENT), "--sessions", str(tmp_path / "s.json")]
+    argv = [*FAKE_PYTHON, str(FAKE_MODEL_AGENT), "--sessions", str(tmp_path / "s.json")]
     (tmp_path / "config.yaml").write_text(
         "agents:\n"
         "  fake:\n"

@@ -136,7 +136,7 @@ def scripted(*args: str) -> AgentFunction:
     writes (each line's answers in one write, as the process flushes them)."""
 
     def run(pipe: Pipe) -> int:
-        parsed = fake_agent.parser().parse_args(list(args))
+        parsed = fake_agent.parse_args(args)
         script = fake_agent.Script.of(parsed)
         for raw in pipe:
             out = b""
