@@ -125,6 +125,9 @@ Text = Annotated[str, BeforeValidator(_scalar_text)]
 
 
 class _Section(BaseModel):
+    # Empty lists and mappings are defaults as values, which pydantic copies for each
+    # instance: a default_factory of list or dict has pydantic read the factory's signature,
+    # which parses their text signatures with tokenize (4 ms of every start).
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Where this section sits in the merged configuration, and which file set each key:
@@ -148,10 +151,10 @@ class VerifySpec(_Section):
     """How ``acp-bridge verify`` points an agent at the embedded local model endpoint."""
 
     endpoint: Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
-    env: dict[str, Text] = Field(default_factory=dict)
-    args: list[Text] = Field(default_factory=list)
-    dirs: list[str] = Field(default_factory=list)
-    files: dict[str, Text] = Field(default_factory=dict)
+    env: dict[str, Text] = Field(default={})
+    args: list[Text] = Field(default=[])
+    dirs: list[str] = Field(default=[])
+    files: dict[str, Text] = Field(default={})
     """Files to write before the agent starts, path -> text (both expanded): for an agent
     that reads the endpoint's address only from a settings file."""
     model: str | None = None
@@ -190,8 +193,8 @@ class AgentPreset(_Section):
     """A named agent: ``acp-bridge --agent NAME``."""
 
     command: str = Field(min_length=1)
-    args: list[Text] = Field(default_factory=list)
-    env: dict[str, Text] = Field(default_factory=dict)
+    args: list[Text] = Field(default=[])
+    env: dict[str, Text] = Field(default={})
     adapter: str = "auto"
     description: str = ""
     install: str = ""
@@ -224,9 +227,9 @@ class BridgeSettings(_Section):
     """The ``bridge:`` section; command-line options override it."""
 
     adapter: str = "auto"
-    adapter_paths: list[str] = Field(default_factory=list)
+    adapter_paths: list[str] = Field(default=[])
     # Options of one adapter each, keyed by adapter name; the adapter validates its own.
-    adapter_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    adapter_options: dict[str, dict[str, Any]] = Field(default={})
     state: str = "default"
     on_omitted: Literal["keep", "default"] = "keep"
     allow_override: bool = True
@@ -275,7 +278,7 @@ class Config(_Section):
     """The merged configuration."""
 
     bridge: BridgeSettings = Field(default_factory=BridgeSettings)
-    agents: dict[str, AgentPreset] = Field(default_factory=dict)
+    agents: dict[str, AgentPreset] = Field(default={})
 
     _sources: tuple[str, ...] = PrivateAttr(default=())
 
