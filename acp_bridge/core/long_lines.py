@@ -47,13 +47,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from acp_bridge.core.pending import FromClient
 from acp_bridge.core.router import CLIENT, PRIMARY, Router
-from acp_bridge.wire import json_stream, jsonrpc
-from acp_bridge.wire.json_stream import Envelope, LineValidator
+from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, FrameError, JsonObject, Kind, is_request_id
+
+if TYPE_CHECKING:
+    from acp_bridge.wire.json_stream import Envelope, LineValidator
+
+# json_stream (its tables and a dozen patterns compiled at import, 2.6 ms of a bridge's
+# start) is imported by the first line that needs it: most connections never send one.
 
 log = logging.getLogger("acp_bridge.long_lines")
 
@@ -109,6 +114,8 @@ class LongLines:
         """A line's start from ``sender`` (:data:`CLIENT` or an agent hop): the line to pass
         on as it arrives (write :meth:`LongLine.take` of ``data`` first), or None: gather it
         whole (rule 1)."""
+        from acp_bridge.wire.json_stream import LineValidator
+
         validator = LineValidator()
         try:
             validator.feed(data)
@@ -185,6 +192,8 @@ class LongLines:
     def whole(self, sender: int, raw: bytes) -> int | None:
         """A long line that arrived in one read: the peer to write it to as it came, once
         recorded; None: parse it the usual way (rule 5)."""
+        from acp_bridge.wire.json_stream import LineValidator
+
         validator = LineValidator()
         try:
             validator.feed(raw)
@@ -199,6 +208,8 @@ class LongLines:
         """A line json's decoder refused with ``error`` (``tried_whole``: :meth:`whole` has
         judged it already): the peer to write it to as it came, or None once its sender has
         been answered or it was dropped (rule 6)."""
+        from acp_bridge.wire import json_stream
+
         envelope, fault = json_stream.judge(raw)
         if fault is None and isinstance(error, jsonrpc.NestedTooDeeply):
             receiver = None if tried_whole else self._pass_whole(sender, envelope)
