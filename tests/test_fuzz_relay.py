@@ -256,9 +256,8 @@ class Oracle:
             # Answered, if at all, under the id the line named before its fault (judged
             # only where the error does not name one: judging is half of this oracle's
             # cost).
-            if isinstance(exc.request_id, (int, str)):
-                request_id = exc.request_id
-            else:
+            request_id: Any = exc.request_id
+            if not isinstance(request_id, (int, str)):
                 envelope, fault = json_stream.judge(line)
                 request_id = fault.request_id if fault is not None else envelope.request_id()
             if type(request_id) in (int, str):
