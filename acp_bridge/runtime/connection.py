@@ -25,6 +25,7 @@ import trio
 
 from acp_bridge.adapter import AgentError, AgentExited
 from acp_bridge.core.router import CLIENT, NO_EVENTS, Abandoned, Answered, Event, Intercept, Router
+from acp_bridge.runtime import pipes
 from acp_bridge.runtime.agents import AgentHandle
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.wire import jsonrpc
@@ -60,7 +61,7 @@ class Outbox:
 
     async def write_part(self, data: bytes) -> None:
         if data:
-            await self.stream.send_all(data)
+            await pipes.send_all(self.stream, data)
 
     async def end_line(self, data: bytes) -> None:
         """Write the line's last bytes and its newline, then what was queued meanwhile."""
@@ -97,7 +98,7 @@ class Outbox:
         if line_end is not None:
             frames.insert(0, line_end)
         for buffer in join_lines(frames):
-            await self.stream.send_all(buffer)
+            await pipes.send_all(self.stream, buffer)
 
     async def settle(self) -> None:
         """Flush, and wait for a write another task has in progress."""

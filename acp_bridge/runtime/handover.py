@@ -16,6 +16,7 @@ from typing import Final
 
 import trio
 
+from acp_bridge.runtime import pipes
 from acp_bridge.runtime.early_initialize import Exchange
 from acp_bridge.supervision.agent_process import AgentProcess
 
@@ -55,7 +56,7 @@ class AlreadyWritten(trio.abc.SendStream):
             if not self.pending:
                 self.done.set()
         if data:
-            await self.inner.send_all(data)
+            await pipes.send_all(self.inner, data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
@@ -90,7 +91,9 @@ class Replayed(trio.abc.ReceiveStream):
         if self.gates:
             await _wait(self.gates)
             self.gates = ()
-        return await self.inner.receive_some(max_bytes)
+        if max_bytes is None:
+            return await self.inner.receive_some()
+        return await pipes.receive_some(self.inner, max_bytes)
 
     async def aclose(self) -> None:
         self.chunks.clear()

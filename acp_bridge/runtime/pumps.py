@@ -27,6 +27,7 @@ import trio
 from acp_bridge.core.exits import describe_exit
 from acp_bridge.core.long_lines import LongLine, LongLines
 from acp_bridge.core.router import CLIENT, PRIMARY
+from acp_bridge.runtime import pipes
 from acp_bridge.runtime.agents import Agents
 from acp_bridge.runtime.connection import WRITE_FAILED, AgentConnection, Connection, Outbox
 from acp_bridge.runtime.shutdown import Shutdown, exit_status
@@ -190,7 +191,7 @@ class Pumps:
         try:
             while True:
                 try:
-                    data = await self.client_in.receive_some(READ_CHUNK)
+                    data = await pipes.receive_some(self.client_in, READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
                 self.connection.client_reads += 1
@@ -334,7 +335,7 @@ class Pumps:
                 else:
                     read_scope[:] = [scope]
                 try:
-                    data = await stream.receive_some(READ_CHUNK)
+                    data = await pipes.receive_some(stream, READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     data = b""
             read_scope.clear()

@@ -1,0 +1,74 @@
+"""Reading and writing a peer's pipe without a trip to the scheduler when it is ready.
+
+trio's ``FdStream`` passes a checkpoint (a schedule point: the task is put at the back of
+the run queue and the event loop goes round once) before every ``receive_some`` and
+``send_all``, and only then reads or writes. A relay between two peers that answer at once
+mostly finds its pipes empty when it reads (it then waits for them anyway) and free when it
+writes, so those checkpoints are most of its trips through the scheduler: relaying one
+intercepted request and its answer took eight task steps, four of them these.
+
+* :func:`receive_some` reads first. Only when the pipe is empty does it wait (that wait is
+  the schedule point); when there were bytes to read, it still passes a checkpoint after
+  the read, so a peer that writes without pause cannot keep the other tasks from running.
+* :func:`send_all` writes first; what the pipe does not take at once goes through the
+  stream's own ``send_all``, which waits until it can. A write that completes at once is
+  no schedule point: the callers (the outboxes) wait on something else after writing.
+
+Only a ``trio.lowlevel.FdStream`` (the agents' pipes and the bridge's own stdin and
+stdout) takes this path; every other stream (a socket, the replay wrappers, memory streams
+in tests) is used through its own methods. Errors are trio's: ``ClosedResourceError`` for
+a stream closed here, ``BrokenResourceError`` for a peer gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import trio
+
+
+def _failure(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+    if exc.errno == errno.EBADF:
+        return trio.ClosedResourceError("file was already closed")
+    return trio.BrokenResourceError(exc)
+
+
+async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
+    """``stream.receive_some(max_bytes)``, with no schedule point before the read."""
+    if not isinstance(stream, trio.lowlevel.FdStream):
+        return await stream.receive_some(max_bytes)
+    fd = stream.fileno()
+    try:
+        data = os.read(fd, max_bytes)
+    except BlockingIOError:
+        pass
+    except OSError as exc:
+        raise _failure(exc) from exc
+    else:
+        await trio.lowlevel.checkpoint()
+        return data
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return os.read(fd, max_bytes)
+        except BlockingIOError:
+            continue  # woken without data after all: wait again
+        except OSError as exc:
+            raise _failure(exc) from exc
+
+
+async def send_all(stream: trio.abc.SendStream, data: bytes | bytearray | memoryview) -> None:
+    """``stream.send_all(data)``, with no schedule point when the pipe takes it all at once."""
+    if not isinstance(stream, trio.lowlevel.FdStream) or not data:
+        await stream.send_all(data)
+        return
+    try:
+        sent = os.write(stream.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise _failure(exc) from exc
+    if sent < len(data):
+        with memoryview(data) as view:
+            await stream.send_all(view[sent:])
