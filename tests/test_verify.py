@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_verify
+from conftest import VerifyReport, run_verify
 from memory_agent import FAKE_PYTHON
 
+from acp_bridge.commands import verify
 from acp_bridge.commands.verify import STDERR_TAIL, DefaultPrompt, Row, format_table, succeeded
 
 
@@ -139,6 +142,33 @@ def private_tmp(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(tmp_path)}
 
 
+@pytest.fixture
+def verify_here(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., VerifyReport]:
+    """``acp-bridge verify ARGS`` run by the command itself in this process, TMPDIR in the
+    test's folder: the table it prints on stdout, the progress it writes to fd 2 and its
+    exit status, as from :func:`run_verify`, without an interpreter of its own to start
+    and load the bridge (the agent is still a process, its stderr still fd 2's). The tests
+    of the agent's stderr run the command as a process."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+
+    def run(*args: str) -> VerifyReport:
+        capfd.readouterr()
+        try:
+            verify.command().main(list(args), prog_name="acp-bridge verify")
+        except SystemExit as exit:
+            status = exit.code
+        else:
+            status = 0
+        out, err = capfd.readouterr()
+        assert isinstance(status, int), status
+        return VerifyReport(status, out, err)
+
+    return run
+
+
 def agent_log_path(stderr: str) -> Path:
     match = re.search(r"the agent's stderr (?:goes to|is in) (\S+)", stderr)
     assert match is not None, stderr
@@ -175,10 +205,10 @@ CHANGED = "load of a live session, changed prompt"
 DEFAULT = "load after restart, omitted (default)"
 
 
-async def test_verify_passes_every_row_for_an_agent_that_applies_every_prompt(
-    tmp_path: Path,
+def test_verify_passes_every_row_for_an_agent_that_applies_every_prompt(
+    tmp_path: Path, verify_here: Callable[..., VerifyReport]
 ) -> None:
-    report = await run_verify(*verify_args(tmp_path), env=private_tmp(tmp_path), timeout=60)
+    report = verify_here(*verify_args(tmp_path))
     report.assert_passed()
     assert "13 passed, 0 failed, 0 skipped" in report.table
     assert max(len(line) for line in report.table.splitlines()) <= 100, report.table
@@ -186,22 +216,21 @@ async def test_verify_passes_every_row_for_an_agent_that_applies_every_prompt(
     assert "ACPBRIDGE-" not in report.table and "has marker" in report.table, report.table
 
 
-async def test_verify_fails_an_agent_that_pins_the_first_prompt(tmp_path: Path) -> None:
-    report = await run_verify(
-        *verify_args(tmp_path, "--pin"), env=private_tmp(tmp_path), timeout=60
-    )
+def test_verify_fails_an_agent_that_pins_the_first_prompt(
+    tmp_path: Path, verify_here: Callable[..., VerifyReport]
+) -> None:
+    report = verify_here(*verify_args(tmp_path, "--pin"))
     assert report.returncode == 1
     for step in (CHANGED, DEFAULT):
         assert [status_of(row) for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["ReopenLimit", "plain-sentence"])
-async def test_a_declared_limit_reads_limit_when_the_model_got_what_it_says(
-    tmp_path: Path, plain: bool
+def test_a_declared_limit_reads_limit_when_the_model_got_what_it_says(
+    tmp_path: Path, plain: bool, verify_here: Callable[..., VerifyReport]
 ) -> None:
     user_adapter(tmp_path, plain=plain)
-    args = verify_args(tmp_path, "--pin", adapter="pinned")
-    report = await run_verify(*args, env=private_tmp(tmp_path), timeout=60)
+    report = verify_here(*verify_args(tmp_path, "--pin", adapter="pinned"))
     report.assert_passed()
     for step in (CHANGED, DEFAULT):
         rows = rows_of(report.table, step)
@@ -211,15 +240,13 @@ async def test_a_declared_limit_reads_limit_when_the_model_got_what_it_says(
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["ReopenLimit", "plain-sentence"])
-async def test_a_declared_limit_fails_when_the_model_got_something_else(
-    tmp_path: Path, plain: bool
+def test_a_declared_limit_fails_when_the_model_got_something_else(
+    tmp_path: Path, plain: bool, verify_here: Callable[..., VerifyReport]
 ) -> None:
     # The agent applies every change, so "the first prompt is still there" is not what
     # the model received: the limit rows must fail, whatever else passed.
     user_adapter(tmp_path, plain=plain)
-    report = await run_verify(
-        *verify_args(tmp_path, adapter="pinned"), env=private_tmp(tmp_path), timeout=60
-    )
+    report = verify_here(*verify_args(tmp_path, adapter="pinned"))
     assert report.returncode == 1
     for step in (CHANGED, DEFAULT):
         assert [status_of(row) for row in rows_of(report.table, step)] == ["FAIL", "FAIL"]
@@ -317,8 +344,8 @@ def test_codex_limits_say_what_the_model_then_receives() -> None:
     assert all(isinstance(limit, str) for limit in reopen_effect(a, b))
 
 
-async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
-    tmp_path: Path,
+def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
+    tmp_path: Path, verify_here: Callable[..., VerifyReport]
 ) -> None:
     # `acp-bridge verify -- npx -y <package>` of a shipped preset: the preset with the same
     # command says how to point the agent at the endpoint; the adapter is chosen as usual.
@@ -333,14 +360,7 @@ async def test_verify_of_a_preset_command_line_needs_no_endpoint_options(
         "      endpoint: openai-chat\n"
         "      env: {OPENAI_BASE_URL: '${ENDPOINT_URL}'}\n"
     )
-    report = await run_verify(
-        "--config",
-        str(tmp_path / "config.yaml"),
-        "--",
-        *argv,
-        env=private_tmp(tmp_path),
-        timeout=60,
-    )
+    report = verify_here("--config", str(tmp_path / "config.yaml"), "--", *argv)
     report.assert_passed()
     assert "as preset 'fake' does" in report.stderr
     assert "adapter native;" in report.stderr  # chosen automatically, not the preset's
