@@ -341,11 +341,21 @@ def assert_cut(received: bytes, sent: bytes) -> None:
         assert (frame.method, frame.params) == (CUT_METHOD, {})
     else:
         assert frame.kind is jsonrpc.Kind.RESPONSE and frame.id is None
-    common = next(
-        (at for at, (a, b) in enumerate(zip(received, sent, strict=False)) if a != b),
-        min(len(received), len(sent)),
-    )
+    common = common_start(received, sent)
     assert common >= SURE_START and len(received) - common < 128
+
+
+def common_start(a: bytes, b: bytes) -> int:
+    """How many bytes ``a`` and ``b`` start with alike: a search by halves comparing
+    slices, where a walk byte by byte in Python took most of this file's CPU."""
+    alike, unlike = 0, min(len(a), len(b)) + 1  # a[:alike] == b[:alike]; not so at unlike
+    while unlike - alike > 1:
+        middle = (alike + unlike) // 2
+        if a[:middle] == b[:middle]:
+            alike = middle
+        else:
+            unlike = middle
+    return alike
 
 
 # ------------------------------------------------------------------------ fuzz
