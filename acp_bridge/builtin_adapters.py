@@ -25,10 +25,12 @@ three (:meth:`acp_bridge.registry.AdapterRegistry.choose`).
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from collections.abc import Iterator
-from typing import Final
+
+TYPE_CHECKING = False  # no ``typing`` at run time: see acp_bridge.commands.launch
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Final
 
 PACKAGE: Final = "acp_bridge.adapters"
 AUTO: Final = "auto"
@@ -81,6 +83,8 @@ def recognised(agent_name: str, advertises_system_prompt: bool) -> bool:
 
 
 def _folders() -> Iterator[str]:
+    import importlib.util  # only when a name is looked up (not for the default path)
+
     spec = importlib.util.find_spec(PACKAGE)
     yield from (spec.submodule_search_locations or []) if spec is not None else []
 

@@ -5,8 +5,11 @@ imported, and :mod:`acp_bridge.settings` reads the same file."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Final
+
+TYPE_CHECKING = False  # no ``typing`` at run time: see acp_bridge.commands.launch
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Final
 
 USER_FILE_NAME: Final = "config.yaml"
 

@@ -71,3 +71,28 @@ open(sys.argv[1], "w").write(str(os.getpid()))
 while True:
     time.sleep(1)
 """
+
+
+def test_nothing_before_the_agents_spawn_imports_typing() -> None:
+    """``typing`` (with ``re``, for the watchdog) costs milliseconds every agent start waits
+    for: the modules the early start needs until the agent is spawned do not import it,
+    nor does the watchdog script, which starts up beside the agent."""
+    from acp_bridge.supervision import agent_watchdog
+
+    root = str(Path(__file__).parent.parent)
+    # -S: no site, whose import hooks (an editable install's) are not the bridge's.
+    probe = "import sys, acp_bridge.__main__; print('typing' in sys.modules)"
+    early = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        capture_output=True, timeout=30, check=True, env={"PYTHONPATH": root},
+    )  # fmt: skip
+    watchdog = subprocess.run(
+        [sys.executable, "-I", "-S", "-X", "importtime", agent_watchdog.__file__, "0.5"],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True,
+    )  # fmt: skip
+    imported = [line.rsplit("|", 1)[-1].strip() for line in watchdog.stderr.decode().splitlines()]
+    assert (early.stdout.decode().strip(), "typing" in imported, "signal" in imported) == (
+        "False",
+        False,
+        True,  # the list is read: the watchdog needs signal
+    )

@@ -18,14 +18,18 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple
 
 from acp_bridge import builtin_adapters
 from acp_bridge.config_file import default_config_file
 from acp_bridge.supervision.agent_watchdog import Watchdog
 
+# Read by type checkers only: nothing before the agent's spawn imports ``typing``, which
+# costs a few milliseconds there.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Final
+
     from acp_bridge.runtime.early_initialize import Exchange
 
 # The values the run command accepts for these options (cli.py uses the same tuples).
@@ -48,11 +52,14 @@ NEUTRAL_OPTIONS: Final = {
 }
 
 
-class Started(NamedTuple):
+class Started:
     """An agent started early, and the watchdog it was started under."""
 
-    process: subprocess.Popen[bytes]
-    watchdog: Watchdog
+    __slots__ = ("process", "watchdog")
+
+    def __init__(self, process: subprocess.Popen[bytes], watchdog: Watchdog) -> None:
+        self.process = process
+        self.watchdog = watchdog
 
 
 # The process started early, under its command; taken (once) by the run command.
@@ -132,11 +139,11 @@ def start_early(args: Sequence[str]) -> None:
 
 
 def _stop_unadopted() -> None:
-    for process, watchdog in _STARTED.values():
+    for started in _STARTED.values():
         with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        watchdog.release()
+            os.killpg(started.process.pid, signal.SIGKILL)
+        started.process.wait()
+        started.watchdog.release()
     _STARTED.clear()
 
 

@@ -44,11 +44,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
 
+# Read by type checkers only: ``typing`` (with ``re``) would be most of what the watchdog
+# script imports while the agent starts beside it, and comes before the agent's spawn.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Callable
+    from typing import Final
 
 POLL: Final = 0.02
 # How long the group of an already dead bridge gets to handle SIGTERM.
