@@ -19,6 +19,7 @@ import pytest
 import trio
 from click.testing import CliRunner
 from harness import AGENT_NAME, TIMEOUT, FakeAgent, bridge_env, wire_prompt
+from memory_agent import FAKE_PYTHON
 
 from acp_bridge.commands.sessions_cli import sessions
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -303,12 +304,12 @@ async def test_sessions_list_after_a_bridge_was_sigkilled_shows_them_not_live(
 
 
 def list_sessions(state: str) -> dict[str, bool]:
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "sessions", "--state", state, "list", "--json"],
-        capture_output=True,
-        check=True,
-        env={**os.environ, "XDG_CONFIG_HOME": os.devnull},
+    """``acp-bridge sessions --state STATE list --json`` (the command, run here: what it
+    shows does not depend on the process that lists)."""
+    done = CliRunner().invoke(
+        sessions, ["--state", state, "list", "--json"], env={"XDG_CONFIG_HOME": os.devnull}
     )
+    assert done.exit_code == 0, done.output
     return {s["sessionId"]: s["live"] for s in json.loads(done.stdout) if s["agent"] == AGENT_NAME}
 
 
@@ -389,7 +390,7 @@ def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
         (tmp_path / "empty.yaml").write_text("bridge: {}\n")
         config = ["--config", str(tmp_path / "empty.yaml")]
     argv = [sys.executable, "-m", "acp_bridge", "--state", str(state), "--log-level", "debug",
-            *config, "--", sys.executable, "-c", QUICK_AGENT]  # fmt: skip
+            *config, "--", *FAKE_PYTHON, "-c", QUICK_AGENT]  # fmt: skip
     if kind == "read-only-mount":
         argv = [*READ_ONLY_MOUNT, str(state.parent), *argv]
     bridge = subprocess.Popen(
