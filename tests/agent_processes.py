@@ -30,12 +30,14 @@ def live_processes(entry: str, *, prefix: bool = False, argv0: str | None = None
             continue
         try:
             environ = (proc / "environ").read_bytes().split(b"\0")
+            named = any(e.startswith(wanted) for e in environ) if prefix else wanted in environ
+            if not named:
+                continue  # the usual case: the rest of it is not read (tests poll this)
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             command = (proc / "cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        named = any(e.startswith(wanted) for e in environ) if prefix else wanted in environ
-        if named and state != "Z" and (program is None or command.endswith(program)):
+        if state != "Z" and (program is None or command.endswith(program)):
             found.append(int(proc.name))
     return found
 
