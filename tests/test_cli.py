@@ -51,8 +51,10 @@ def run_in_process(args: list[str], env: dict[str, str | None] | None = None) ->
 
 
 def check_lines(*args: str) -> dict[str, str]:
-    """``acp-bridge check ARGS`` through the real command line: its report, label -> text."""
-    done = run_bridge(["check", *args], b"")
+    """``acp-bridge check ARGS``, the command run in this process (nothing is started
+    before it: the agent is started by the command itself, as a process): its report,
+    label -> text. The agent's stderr is tested through the real command line."""
+    done = run_in_process(["check", *args])
     assert done.returncode == 0, done.stderr
     lines: dict[str, str] = {}
     for line in done.stdout.decode().splitlines():
