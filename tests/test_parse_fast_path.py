@@ -9,6 +9,7 @@ How many lines each test draws: :mod:`fuzz_size` (``ACP_BRIDGE_FULL_FUZZ=1`` for
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -97,6 +98,9 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
     return "{" + ",".join(written) + draw(WHITESPACE) + "}"
 
 
+# One strategy per depth: built anew for every draw it took about a tenth of the CPU of
+# this file and test_short_reads.
+@functools.cache
 def params(depth: int) -> st.SearchStrategy[str]:
     session = st.one_of(TEXTS, SCALARS).map(lambda v: json.dumps({"sessionId": v}))
     nested = objects(depth=depth + 1) if depth < 2 else written_values()
