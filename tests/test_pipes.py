@@ -67,6 +67,23 @@ async def test_a_read_of_an_empty_pipe_waits_for_what_arrives(
     assert received == [b"late\n"]
 
 
+async def test_a_cancelled_read_leaves_the_bytes_in_the_pipe(
+    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
+) -> None:
+    # A pump's read is cancelled (an agent gone past its drain time, the shutdown): as with
+    # trio's own receive_some, the cancellation comes before the read, never after it has
+    # taken bytes out of the pipe.
+    reader, writer = pipe
+    await pipes.send_all(writer, b"kept\n")
+    received: list[bytes | bytearray] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        received.append(await pipes.receive_some(reader, 100))
+    assert scope.cancelled_caught and received == []
+    with trio.fail_after(10):
+        assert await pipes.receive_some(reader, 100) == b"kept\n"
+
+
 async def test_a_busy_pipe_still_lets_other_tasks_run(
     pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
 ) -> None:
