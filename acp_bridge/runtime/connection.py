@@ -258,6 +258,10 @@ class Connection:
                 log.info("the client went away")
 
     async def flush_all(self) -> None:
-        await self.flush_client()
+        # Most outboxes are empty at any flush (one process of a pool gets the request):
+        # those are passed over here rather than asked.
+        if self.client_outbox.frames:
+            await self.flush_client()
         for link in tuple(self.links.values()):
-            await link.flush()
+            if link.outbox.frames:
+                await link.flush()
