@@ -51,7 +51,8 @@ NEW = {
 
 
 def line(message: dict[str, object]) -> bytes:
-    return json.dumps(message).encode() + b"\n"
+    # Compact, as echo_agent.py reads a request's id and method at fixed places.
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 def one_run(python: str, agent: Path) -> float:
