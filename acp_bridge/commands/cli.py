@@ -332,8 +332,10 @@ async def run_stdio(
     # What is loaded by now (modules, classes, the configuration) lives as long as the
     # process: frozen, the collector never walks it again, nor does the interpreter's
     # exit collect it (that exit took a quarter of a short bridge run's CPU). This is the
-    # command's own process: the library never calls this.
+    # command's own process: the library never calls this. The collector was off while
+    # the bridge loaded if the agent was started early (acp_bridge.__main__).
     gc.freeze()
+    gc.enable()
     if acp_fd is None:
         acp_fd = claim_stdout()
     client_in: trio.abc.ReceiveStream = trio.lowlevel.FdStream(os.dup(0))
