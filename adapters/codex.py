@@ -52,7 +52,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from acp_bridge.adapter import Delivery, LifecycleCall, ReopenLimit, Reply, put_prompt_back
+from acp_bridge.adapter import (
+    AdapterContext,
+    Delivery,
+    LifecycleCall,
+    ReopenLimit,
+    Reply,
+    put_prompt_back,
+)
 from acp_bridge.builtin_adapters import recognised
 from acp_bridge.core.capabilities import agent_name, native_delivery
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -150,6 +157,11 @@ class CodexAdapter(PoolAdapter):
     # 40 s after the close); 0.16 lets go within CLOSE_SETTLE_TIMEOUT.
     released_on_exit = True
 
+    def __init__(self, context: AdapterContext) -> None:
+        super().__init__(context)
+        self._native_of: JsonObject | None = None
+        self._native_delivery: Delivery | None = None
+
     @classmethod
     def detect(cls, initialize_result: JsonObject) -> bool:
         name = agent_name(initialize_result)
@@ -166,9 +178,15 @@ class CodexAdapter(PoolAdapter):
         return Delivery(append=True, override=True, custom_modes=native.custom_modes)
 
     def _native(self) -> Delivery | None:
-        """What the agent takes itself (2.x: append), from the primary's initialize."""
+        """What the agent takes itself (2.x: append), from the primary's initialize: read
+        once per answer, as every lifecycle call asks."""
         result = self.context.primary.initialize_result
-        return native_delivery(result) if result is not None and is_app_server(result) else None
+        if result is not self._native_of:
+            self._native_of = result
+            self._native_delivery = (
+                native_delivery(result) if result is not None and is_app_server(result) else None
+            )
+        return self._native_delivery
 
     def process_prompt(self, prompt: SystemPrompt | None) -> SystemPrompt | None:
         native = self._native()

@@ -23,12 +23,14 @@ import trio.testing
 
 # The adapters folder is installed as acp_bridge.adapters through a package-dir mapping,
 # which mypy cannot follow.
+from acp_bridge.adapters import codex as codex_module  # type: ignore[attr-defined,unused-ignore]
 from acp_bridge.adapters.codex import (  # type: ignore[import-not-found,unused-ignore]
     CodexAdapter,
     reopen_effect,
     toml_string,
     user_codex_config,
 )
+from adapter_context import ContextWithEnvironment, Primary
 from conftest import pid_alive
 from memory_agent import FAKE_PYTHON
 
@@ -525,6 +527,34 @@ def test_codex_acp_2_is_recognised_only_with_its_native_append() -> None:
     assert CodexAdapter.delivery(CodexAdapter.__new__(CodexAdapter), without) is None
     delivery = CodexAdapter.delivery(CodexAdapter.__new__(CodexAdapter), APP_SERVER_RESULT)
     assert delivery is not None and delivery.append and delivery.override
+
+
+def test_what_codex_acp_2_takes_natively_is_read_once_per_initialize_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every session/new asks it (twice: is the prompt native, then which process).
+    read: list[Any] = []
+    real = codex_module.native_delivery
+
+    def counting(result: Any) -> Any:
+        read.append(result)
+        return real(result)
+
+    monkeypatch.setattr(codex_module, "native_delivery", counting)
+    context = ContextWithEnvironment({"CODEX_HOME": str(tmp_path)})
+    context.primary = Primary()
+    context.primary.initialize_result = APP_SERVER_RESULT
+    adapter = CodexAdapter(context)
+    appended = SystemPrompt.of_text("append", "native")
+    overriding = SystemPrompt.of_text("override", "a process")
+    for _ in range(5):
+        assert adapter.process_prompt(appended) is None  # the primary takes it
+        assert adapter.process_prompt(overriding) == overriding
+    assert len(read) == 1
+    context.primary.initialize_result = json.loads(json.dumps(APP_SERVER_RESULT))
+    assert adapter.process_prompt(appended) is None and len(read) == 2
+    context.primary.initialize_result = None  # 0.16, or no answer yet: nothing native
+    assert adapter.process_prompt(appended) == appended
 
 
 @pytest.mark.parametrize("value", [None, "", '{"model": "gpt-5.4", "hooks": {"a": [1]}}'])
