@@ -24,6 +24,7 @@ import trio
 
 from acp_bridge import __version__
 from acp_bridge.commands import launch
+from acp_bridge.runtime import early_signals
 from acp_bridge.runtime.stdio import claim_stdout
 from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError, widen_pipe
 
@@ -513,14 +514,16 @@ def run(
             and not common.get("agent_name")
             and (not common.get("adapter") or launch.started_early(agent_cmd))
         ):
-            status = trio.run(
-                run_stdio_started_first, agent_cmd, common, trace_file, trace_prompts, acp_fd
-            )
+            with early_signals.held():
+                status = trio.run(
+                    run_stdio_started_first, agent_cmd, common, trace_file, trace_prompts, acp_fd
+                )
         else:
             runtime = resolve_runtime(agent_cmd, **common)
             tracer = make_tracer(runtime, trace_file, trace_prompts)
             try:
-                status = trio.run(run_stdio, runtime, tracer, acp_fd)
+                with early_signals.held():
+                    status = trio.run(run_stdio, runtime, tracer, acp_fd)
             finally:
                 tracer.close()
     except AgentStartError as exc:

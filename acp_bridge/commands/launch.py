@@ -21,6 +21,7 @@ import subprocess
 
 from acp_bridge import builtin_adapters
 from acp_bridge.config_file import default_config_file
+from acp_bridge.runtime import early_signals
 from acp_bridge.supervision.agent_watchdog import Watchdog
 
 # Read by type checkers only: nothing before the agent's spawn imports ``typing``, which
@@ -116,6 +117,9 @@ def start_early(args: Sequence[str]) -> None:
     argv = agent_command(args)
     if argv is None:
         return
+    # From here a signal must not find the default action: it would end the bridge
+    # without stopping an agent that may already run.
+    early_signals.install()
     try:
         watchdog = Watchdog.start()
     except OSError:

@@ -24,7 +24,7 @@ from typing import Final
 
 import trio
 
-from acp_bridge.runtime import hangup
+from acp_bridge.runtime import early_signals, hangup
 from acp_bridge.runtime.agents import Agents
 from acp_bridge.runtime.connection import WRITE_FAILED, AgentConnection, Connection
 
@@ -137,6 +137,12 @@ class Shutdown:
 
     async def watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            # One that came while the run started up was held for this receiver.
+            held = early_signals.take()
+            if held is not None:
+                log.info("signal %d: shutting down", held)
+                await self.stop(lambda: 128 + held)
+                return
             async for signum in signals:
                 log.info("signal %d: shutting down", signum)
                 await self.stop(lambda: 128 + signum)  # noqa: B023
