@@ -21,7 +21,15 @@ round), against the embedded model endpoint (each preset's ``verify:`` section i
   and the next ones claim the spare started after the one before;
 * **bridge, seen prompt**: ``session/new`` again with that prompt, served by its process
   (the median of three), and the CPU time the bridge process spent per such call
-  (``peer_bench.cpu_seconds``; unlike the wall-clock rows it hardly depends on the load).
+  (``peer_bench.cpu_seconds``; unlike the wall-clock rows it hardly depends on the load);
+* **direct beside it**: the agent alone, started with each new prompt's process (its
+  ``initialize`` before, its first ``session/new`` after the new prompt's), its
+  ``session/new`` calls alternated one for one with the seen-prompt calls (the median of
+  three). Both run on processes of the same age, behind the same earlier calls and at the
+  same moment's load; a ``session/new`` leaves work running behind its answer (codex-acp
+  0.16 starts login shells for its environment snapshot) that slows whatever comes next on
+  a small machine, and the direct row above is measured in another phase. **seen/beside**
+  is the fair ratio for a seen prompt.
 
 The prompts are ``append`` prompts, ``override`` for qwen and codex-acp 2.6 (the mode in
 which each starts a process and can keep a spare one). With spares, the bench waits
@@ -30,7 +38,8 @@ least 2 s), as a user between two sessions would, so that the spare is ready.
 ``--no-spare`` measures the bridge without spares only, ``--both`` both ways.
 
 Printed per agent: the medians of the rounds with their range, the ratios new prompt /
-cold start and seen prompt / direct session/new, and the load average at each round.
+cold start, seen prompt / direct session/new and seen prompt / direct beside it, and the
+load average at each round.
 """
 
 from __future__ import annotations
@@ -198,7 +207,9 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = {f"new{suffix}": [], f"seen{suffix}": []}
     if spare:
         figures["new_first"] = []
+    figures[f"beside{suffix}"] = []
     cpu: list[float] = []
+    alone: list[Peer] = []
     try:
         peer.initialize()
         timed_new(peer, setup.cwd)
@@ -207,14 +218,28 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
                 time.sleep(settle)
             prompt = f"pool bench prompt {uuid.uuid4()}"
             mode = setup.agent.mode
+            beside = Peer(setup.argv, setup.env, setup.cwd)
+            alone.append(beside)
+            beside.initialize()
             # With spares, the first new prompt finds none: the spare starts after it.
             key = "new_first" if spare and index == 0 else f"new{suffix}"
             figures[key].append(timed_new(peer, setup.cwd, prompt, mode))
+            timed_new(beside, setup.cwd)
+            seen: list[float] = []
+            direct_news: list[float] = []
             before = cpu_seconds(peer.process.pid)
-            seen = [timed_new(peer, setup.cwd, prompt, mode) for _ in range(SEEN_NEWS)]
+            for call in range(SEEN_NEWS):
+                if call % 2:
+                    direct_news.append(timed_new(beside, setup.cwd))
+                seen.append(timed_new(peer, setup.cwd, prompt, mode))
+                if not call % 2:
+                    direct_news.append(timed_new(beside, setup.cwd))
             cpu.append((cpu_seconds(peer.process.pid) - before) / SEEN_NEWS * 1000)
             figures[f"seen{suffix}"].append(statistics.median(seen))
+            figures[f"beside{suffix}"].append(statistics.median(direct_news))
     finally:
+        for beside in alone:
+            beside.close(0.0)
         # EOF: the bridge stops every process it started before it exits.
         peer.close(30.0)
     figures[f"seen_cpu{suffix}"] = cpu
@@ -235,6 +260,8 @@ FIGURES: Final = (
     Figure("new_nospare", "bridge, new prompt, no spare"),
     Figure("seen", "bridge, seen prompt"),
     Figure("seen_nospare", "bridge, seen prompt, no spare"),
+    Figure("beside", "direct beside the seen prompt"),
+    Figure("beside_nospare", "direct beside the seen prompt, no spare"),
     Figure("seen_cpu", "bridge CPU per seen session/new"),
     Figure("seen_cpu_nospare", "bridge CPU per seen session/new, no spare"),
 )
@@ -272,8 +299,9 @@ def report(results: Results, names: Sequence[str]) -> None:
     print(f"load average at each round: {loads}")
     keys = [f for f in FIGURES if any(f.key in results.values.get(n, {}) for n in names)]
     head = ["agent", *(f"{f.label} (ms)" for f in keys), "new/cold", "seen/direct"]
+    head.append("seen/beside")
     if any("new_nospare" in results.values.get(n, {}) for n in names):
-        head += ["no spare: new/cold", "no spare: seen/direct"]
+        head += ["no spare: new/cold", "no spare: seen/direct", "no spare: seen/beside"]
     rows = [head]
     for name in names:
         row = [
@@ -281,11 +309,13 @@ def report(results: Results, names: Sequence[str]) -> None:
             *(cell(results.values.get(name, {}).get(f.key)) for f in keys),
             ratio(results, name, "new", "cold"),
             ratio(results, name, "seen", "direct"),
+            ratio(results, name, "seen", "beside"),
         ]
         if len(head) > len(row):
             row += [
                 ratio(results, name, "new_nospare", "cold"),
                 ratio(results, name, "seen_nospare", "direct"),
+                ratio(results, name, "seen_nospare", "beside_nospare"),
             ]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
