@@ -33,8 +33,10 @@ round), against the embedded model endpoint (each preset's ``verify:`` section i
 
 The prompts are ``append`` prompts, ``override`` for qwen and codex-acp 2.6 (the mode in
 which each starts a process and can keep a spare one). With spares, the bench waits
-``--settle`` seconds before each new prompt (default: 1.5 times the agent's cold start, at
-least 2 s), as a user between two sessions would, so that the spare is ready.
+``--settle`` seconds after each new prompt (default: 1.5 times the agent's cold start, at
+least 2 s), as a user between two sessions would, so that the spare started after it is
+ready before the seen-prompt calls and the next new prompt (a spare's start takes a cold
+start's CPU: on two cores, calls made during it take about twice as long).
 ``--no-spare`` measures the bridge without spares only, ``--both`` both ways.
 
 Printed per agent: the medians of the rounds with their range, the ratios new prompt /
@@ -214,8 +216,6 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
         peer.initialize()
         timed_new(peer, setup.cwd)
         for index in range(NEW_PROMPTS):
-            if spare:
-                time.sleep(settle)
             prompt = f"pool bench prompt {uuid.uuid4()}"
             mode = setup.agent.mode
             beside = Peer(setup.argv, setup.env, setup.cwd)
@@ -225,6 +225,10 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
             key = "new_first" if spare and index == 0 else f"new{suffix}"
             figures[key].append(timed_new(peer, setup.cwd, prompt, mode))
             timed_new(beside, setup.cwd)
+            if spare:
+                # The spare started after that call is up before the seen calls (and so
+                # before the next new prompt): otherwise they share the CPU with its start.
+                time.sleep(settle)
             seen: list[float] = []
             direct_news: list[float] = []
             before = cpu_seconds(peer.process.pid)
@@ -359,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = [agent.name for agent in POOLED_AGENTS]
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--agents", nargs="+", choices=names, default=names)
-    parser.add_argument("--settle", type=float, help="seconds before each new prompt")
+    parser.add_argument("--settle", type=float, help="seconds after each new prompt (spares)")
     spares = parser.add_mutually_exclusive_group()
     spares.add_argument("--no-spare", action="store_true", help="no spare processes")
     spares.add_argument("--both", action="store_true", help="with and without spares")

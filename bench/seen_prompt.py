@@ -1,14 +1,17 @@
 """What the bridge itself spends on a ``session/new`` with a prompt whose process runs.
 
     python bench/seen_prompt.py [--calls 2000] [--rounds 3] [--adapter gemini codex ...]
-        [--notes N] [--prompt-bytes N] [--state-file] [--before CHECKOUT] [--verbose]
+        [--notes N] [--note-bytes N] [--prompt-bytes N] [--state-file] [--before CHECKOUT]
+        [--verbose]
     python bench/seen_prompt.py --profile FILE [--top 25] [--adapter ...]
 
 ``pool_bench.py`` measures this call against the real agents, whose own ``session/new``
 (3-100 ms) and its swings under load hide what the bridge adds. Here the agent is a stand-in
 that answers at once (this file run with ``agent``: stdlib only, a ``session/new`` answer
 shaped like the real agents' with modes and models, ``--notes`` notifications after it as
-qwen-code sends its commands), so what remains is the bridge:
+qwen-code sends its commands; ``--note-bytes``: each padded to that size with a skill's
+text in ``_meta``, as qwen-code 0.24.4 sends them, about 570 KB with its bundled skills),
+so what remains is the bridge:
 
 * **bridge CPU per call**: CPU time of the bridge process (all threads; the process's
   CPU-time clock) over ``--calls`` seen-prompt ``session/new`` calls, divided by their
@@ -101,13 +104,26 @@ def session_new_result(session_id: str) -> dict[str, Any]:
     }
 
 
-def commands_note(session_id: str) -> bytes:
-    """An ``available_commands_update`` as qwen-code sends after ``session/new`` (~4 KB)."""
+# A line of a skill's text as qwen-code sends it in _meta.availableSkillDetails (markdown).
+SKILL_LINE: Final = '- Run `tool --flag "value"` when the user asks; see "Steps" below.\n'
+
+
+def commands_note(session_id: str, size: int = 0) -> bytes:
+    """An ``available_commands_update`` as qwen-code sends after ``session/new`` (~4 KB),
+    padded to about ``size`` bytes with a skill's text in ``_meta`` (qwen-code 0.24.4 sends
+    the bodies of its skills there: ~570 KB, one of them ~400 KB)."""
     commands = [
         {"name": f"command{n}", "description": f"What command {n} does, in a sentence or two."}
         for n in range(40)
     ]
-    update = {"sessionUpdate": "available_commands_update", "availableCommands": commands}
+    update: dict[str, Any] = {
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": commands,
+    }
+    if size:
+        lines = max(0, size - 4096) // len(json.dumps(SKILL_LINE))
+        skill = {"name": "skill", "description": "A bundled skill.", "body": SKILL_LINE * lines}
+        update["_meta"] = {"availableSkills": ["skill"], "availableSkillDetails": [skill]}
     note = {
         "jsonrpc": "2.0",
         "method": "session/update",
@@ -116,7 +132,7 @@ def commands_note(session_id: str) -> bytes:
     return json.dumps(note).encode() + b"\n"
 
 
-def run_agent(notes: int, name: str) -> None:
+def run_agent(notes: int, name: str, note_bytes: int = 0) -> None:
     """The stand-in agent: answers initialize and session/new at once, anything else null."""
     out = sys.stdout.buffer
     info = AGENT_INFO.get(name, {"name": name, "version": "1"})
@@ -146,7 +162,7 @@ def run_agent(notes: int, name: str) -> None:
         answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
         data = json.dumps(answer).encode() + b"\n"
         if session_id is not None:
-            data += commands_note(session_id) * notes
+            data += commands_note(session_id, note_bytes) * notes
         out.write(data)
         out.flush()
 
@@ -217,22 +233,29 @@ def new_params(cwd: Path, prompt: str | None = None, mode: str = "append") -> di
     return params
 
 
-def agent_argv(adapter: str, notes: int) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "agent", str(notes), adapter]
+def agent_argv(adapter: str, notes: int, note_bytes: int = 0) -> list[str]:
+    script = str(Path(__file__).resolve())
+    return [sys.executable, script, "agent", str(notes), adapter, str(note_bytes)]
 
 
 def bridge_argv(
-    adapter: str, notes: int, config: Path, profile: Path | None, state: str = ":memory:"
+    adapter: str,
+    notes: int,
+    config: Path,
+    profile: Path | None,
+    state: str = ":memory:",
+    *,
+    note_bytes: int = 0,
 ) -> list[str]:
     arguments = ["--state", state, "--log-level", "error", "--config", str(config)]
-    arguments += ["--adapter", adapter, "--", *agent_argv(adapter, notes)]
+    arguments += ["--adapter", adapter, "--", *agent_argv(adapter, notes, note_bytes)]
     if profile is None:
         return [sys.executable, "-m", "acp_bridge", *arguments]
     return [sys.executable, "-c", PROFILED_BRIDGE, str(profile), *arguments]
 
 
-def direct(adapter: str, notes: int, calls: int, cwd: Path) -> list[float]:
-    peer = Peer(agent_argv(adapter, notes), cwd)
+def direct(adapter: str, notes: int, calls: int, cwd: Path, note_bytes: int = 0) -> list[float]:
+    peer = Peer(agent_argv(adapter, notes, note_bytes), cwd)
     try:
         peer.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         peer.timed_news(new_params(cwd), WARMUP, notes)
@@ -252,6 +275,7 @@ def bridged(
     source: Path | None = None,
     prompt_bytes: int = 0,
     state_file: bool = False,
+    note_bytes: int = 0,
 ) -> tuple[list[float], float]:
     """Wall times of ``calls`` seen-prompt session/new calls, and the bridge's CPU per call
     (ms); ``source``: a checkout whose ``acp_bridge`` runs instead of the installed one."""
@@ -265,7 +289,8 @@ def bridged(
     state = ":memory:"
     if state_file:
         state = str(cwd / f"sessions-{uuid.uuid4()}.sqlite3")
-    peer = Peer(bridge_argv(adapter, notes, config, profile, state), cwd, env)
+    argv = bridge_argv(adapter, notes, config, profile, state, note_bytes=note_bytes)
+    peer = Peer(argv, cwd, env)
     mode = "append"
     try:
         peer.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
@@ -321,13 +346,16 @@ def print_profile(path: Path, calls: int, top: int) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["agent"]:
-        run_agent(int(arguments[1]), arguments[2])
+        run_agent(int(arguments[1]), arguments[2], int(arguments[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--adapter", nargs="+", default=["gemini", "codex"])
     parser.add_argument("--notes", type=int, default=0, help="notifications after each answer")
+    parser.add_argument(
+        "--note-bytes", type=int, default=0, help="pad each notification to this (qwen: 570000)"
+    )
     parser.add_argument("--profile", type=Path, help="cProfile the bridge into this file")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument(
@@ -354,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     profile=path,
                     prompt_bytes=args.prompt_bytes,
                     state_file=args.state_file,
+                    note_bytes=args.note_bytes,
                 )
                 print(f"{adapter}: bridge CPU per call under the profiler {profiled_cpu:.3f} ms")
                 print_profile(path, args.calls, args.top)
@@ -367,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for path in paths[turn:] + paths[:turn]:
                     cpu = None
                     if path == "direct":
-                        times = direct(adapter, args.notes, args.calls, cwd)
+                        times = direct(adapter, args.notes, args.calls, cwd, args.note_bytes)
                     else:
                         source = args.before if path == "before" else None
                         times, cpu = bridged(
@@ -378,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             source=source,
                             prompt_bytes=args.prompt_bytes,
                             state_file=args.state_file,
+                            note_bytes=args.note_bytes,
                         )
                     figures[path] = statistics.median(times)
                     row = results.setdefault((adapter, path), {"cpu": [], "call": [], "added": []})
@@ -391,7 +421,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     print(f"  round {round_number + 1} {adapter}: {figures}", file=sys.stderr)
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; {args.calls} calls per "
-        f"path and round, {args.rounds} rounds, {args.notes} notifications per answer; load "
+        f"path and round, {args.rounds} rounds, {args.notes} notifications per answer "
+        f"({args.note_bytes or 'about 4000'} bytes each); load "
         f"(1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f},"
         f" after {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
     )

@@ -13,7 +13,7 @@ from fuzz_size import inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from acp_bridge.wire import jsonrpc
+from acp_bridge.wire import json_stream, jsonrpc
 from acp_bridge.wire.json_stream import CUT_METHOD, Large, LineValidator, judge
 from acp_bridge.wire.jsonrpc import FrameError
 
@@ -310,3 +310,63 @@ def test_deep_nesting_is_judged_a_run_at_a_time_as_the_parser_would(
         envelope, fault = judge(message[: validator.judged] + ending)
         assert fault is None
         assert (envelope.members["method"], envelope.members["params"]) == (CUT_METHOD, Large(dict))
+
+
+def test_a_string_with_escapes_costs_its_length_not_that_of_the_text_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """qwen-code sends its skills' markdown (~570 KB in one ``available_commands_update``):
+    many strings with escapes in a container too large to scan whole. Each is judged where
+    it lies, not in a copy of the whole text held after it (its length squared, before)."""
+    handed = 0
+    scanstring = json_stream._scanstring
+
+    def counting(text: str, start: int, strict: bool) -> tuple[str, int]:
+        nonlocal handed
+        try:
+            value, after = scanstring(text, start, strict)
+        except ValueError:
+            handed += len(text) - start
+            raise
+        # A text that starts at the string was copied for this call: all of it counts.
+        handed += len(text) if start == 0 else after - start
+        return value, after
+
+    monkeypatch.setattr(json_stream, "_scanstring", counting)
+    bodies = ['Run `tool --flag "value"` when asked.\n' * 100 for _ in range(100)]
+    line = json.dumps(
+        {"jsonrpc": "2.0", "method": "session/update", "params": {"bodies": bodies}}
+    ).encode()
+    for cuts in ([], list(range(0, len(line), 64 * 1024))):
+        handed = 0
+        assert stream_verdict(line, cuts)
+        assert handed <= 2 * len(line), (cuts[:2], handed, len(line))
+
+
+def test_containers_inside_one_too_long_to_scan_are_not_each_scanned_as_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large value nested a few levels deep (qwen-code's skill text sits in
+    ``params.update._meta.availableSkillDetails[10].body``): once a container is found too
+    long for json's scanner to judge at once, the ones inside it get only the short look;
+    before, each level read as far again before it failed."""
+    wasted = 0
+    scan_once = json_stream._scan_once
+
+    def counting(text: str, start: int) -> tuple[object, int]:
+        nonlocal wasted
+        try:
+            return scan_once(text, start)
+        except (ValueError, StopIteration):
+            wasted += len(text) - start
+            raise
+
+    monkeypatch.setattr(json_stream, "_scan_once", counting)
+    inner: object = {"body": "x" * 300_000}
+    for name in ("details", "meta", "update"):
+        inner = {"small": [{"n": n} for n in range(20)], name: [inner]}
+    line = json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": inner}).encode()
+    for cuts in ([], list(range(0, len(line), 128 * 1024))):
+        wasted = 0
+        assert stream_verdict(line, cuts)
+        assert wasted < 2 * json_stream._WHOLE_AT_ONCE, (cuts[:2], wasted)

@@ -9,7 +9,11 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   characters only where the raw bytes had any (they are rare and never inside a UTF-8
   sequence);
 - a value that is complete within the text held is checked at once by json's own C
-  scanner (it builds the value, but only of what is held, at most one read);
+  scanner (it builds the value, but only of what is held, at most one read; a container
+  inside one found too long for that gets only a short look, not a long one that would
+  read as far again);
+- a string with escapes is judged by json's C string scanner where it lies in the text
+  held, never in a copy of all that follows it;
 - a container that does not end within the text held is entered token by token.
 
 It accepts exactly the JSON that :func:`acp_bridge.wire.jsonrpc.parse` accepts (strict UTF-8,
@@ -86,6 +90,8 @@ _UNSCANNED_AFTER_DEEP: Final = 256
 # quote, strict) -> (the string, index after the closing quote).
 _scanstring: Final[Callable[[str, int, bool], tuple[str, int]]] = decoder.scanstring  # type: ignore[attr-defined]
 _scan_once: Final[Callable[[str, int], tuple[Any, int]]] = make_scanner(jsonrpc._DECODER)  # type: ignore[arg-type]
+# How json's string scanner says the text ended inside the string (all of it judged).
+_UNTERMINATED: Final = "Unterminated string starting at"
 
 # What the validator expects next.
 _VALUE, _FIRST_VALUE, _FIRST_KEY, _KEY, _COLON, _AFTER_VALUE, _STRING, _DONE, _NUMBER_GOES_ON = (
@@ -160,6 +166,9 @@ class LineValidator:
         self._closed_at = -1  # the byte that closed the top-level value
         self._top_members = 0
         self._unscanned = 0  # containers to enter without trying json's scanner first
+        # The depth of the open container too long for json's scanner to judge at once
+        # (-1: none): the containers inside it get only the short look.
+        self._too_long_at = -1
         self.envelope = Envelope()
 
     @property
@@ -365,6 +374,8 @@ class LineValidator:
         if text[pos : pos + count] != expected[::-1]:
             return 0
         del self._stack[-count:]
+        if len(self._stack) <= self._too_long_at:
+            self._too_long_at = -1
         return count
 
     def _byte_at(self, text: str, pos: int) -> int:
@@ -446,12 +457,18 @@ class LineValidator:
             self._expect = _STRING
             return -after - 1  # where the string's text stops (it is judged up to there)
         if char in {"{", "["}:
+            long_look = self._too_long_at < 0
             try:
                 if self._unscanned:
                     self._unscanned -= 1
                     raise RecursionError  # deep here: json's scanner would fail again
-                value, after = _scan_small(text, pos)
+                value, after = _scan_small(text, pos, long_look=long_look)
             except (ValueError, StopIteration, RecursionError) as exc:
+                too_long = len(text) - pos > _WHOLE_AT_ONCE
+                if long_look and too_long and not isinstance(exc, RecursionError):
+                    # Longer than the long look (or invalid within it): a container
+                    # inside it that reaches as far would be read as far again.
+                    self._too_long_at = len(self._stack)
                 # Not complete within the text held (or invalid further on, or deep):
                 # enter it and judge it token by token.
                 if isinstance(exc, RecursionError) and not self._unscanned:
@@ -506,6 +523,17 @@ class LineValidator:
         # escape, closed with a quote of our own; it stops at the string's real end if
         # that comes first.
         cut = len(text) if final else _escape_safe_cut(text, pos)
+        if not final:
+            # First on the text held, in place: copying the rest of it for each string
+            # made a line of many such strings (a skill's markdown) cost its length squared.
+            try:
+                after = _scanstring(text, pos, True)[1]
+            except ValueError as exc:
+                if cut == len(text) and getattr(exc, "msg", "").startswith(_UNTERMINATED):
+                    return self._string_cut(text, pos, cut)  # judged to the end held
+            else:
+                if after <= cut:
+                    return after
         try:
             after = _scanstring(text[pos:cut] + '"', 0, True)[1] + pos
         except ValueError as exc:
@@ -545,6 +573,8 @@ class LineValidator:
 
     def _close(self) -> None:
         self._stack.pop()
+        if len(self._stack) <= self._too_long_at:
+            self._too_long_at = -1
         self._value_done(_UNKNOWN)
 
     def _value_done(self, value: Any) -> None:
@@ -603,13 +633,15 @@ def _first_byte_fault(raw: bytes) -> int | None:
     return fault
 
 
-def _scan_small(text: str, pos: int) -> tuple[Any, int]:
+def _scan_small(text: str, pos: int, *, long_look: bool = True) -> tuple[Any, int]:
     """json's C scanner on the value at ``pos`` if it is small: only a small value is worth
     building, so a larger one fails after a bounded look (and is entered instead, as is one
-    holding an integer too long for int())."""
+    holding an integer too long for int()). Without ``long_look``, only the short one: a
+    container inside one found too long, where most are too long as well (each failed
+    long look reads as much again)."""
     if len(text) - pos <= _WHOLE_AT_ONCE:
         return _scan_once(text, pos)
-    for window in _SCAN_WINDOWS:
+    for window in _SCAN_WINDOWS if long_look else _SCAN_WINDOWS[:1]:
         try:
             value, after = _scan_once(text[pos : pos + window], 0)
         except (ValueError, StopIteration):
@@ -617,7 +649,7 @@ def _scan_small(text: str, pos: int) -> tuple[Any, int]:
                 raise
             continue
         return value, after + pos
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise ValueError("longer than the short look")
 
 
 def _escape_safe_cut(text: str, pos: int) -> int:
