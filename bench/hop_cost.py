@@ -1,0 +1,88 @@
+"""What one relay process in between costs a real agent's ``session/new``, and what the
+bridge adds to that.
+
+    python bench/hop_cost.py [--calls 60] AGENT [AGENT ...]
+
+For each pooled agent (the names of ``pool_bench.py``), three processes of it run side by
+side against the embedded model endpoint, set up as ``pool_bench.py`` sets them up:
+
+* **direct**: the agent alone;
+* **raw**: behind ``raw_relay.py``, trio copying bytes without reading them, the floor for
+  any relay process;
+* **bridge**: behind ``acp-bridge --adapter NAME``, a ``session/new`` without a prompt (the
+  session goes to the first process; the bridge intercepts it, records the session and
+  answers).
+
+The calls are alternated one for one across the three, after one call each to warm them;
+printed are the medians and their ratio to direct. A ``session/new`` of a few
+milliseconds shows what the hops between processes cost on this machine, before any
+reading or judging: the part of "at most 1.1x a direct ``session/new``" that no relay
+process can give back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import pool_bench
+from peer_bench import Peer
+
+from acp_bridge.model_endpoint import ThreadedModelEndpoint
+
+RAW_RELAY = Path(__file__).with_name("raw_relay.py")
+
+
+def measure(agent: pool_bench.PooledAgent, calls: int) -> dict[str, float]:
+    """Median ``session/new`` milliseconds per path."""
+    with (
+        tempfile.TemporaryDirectory(prefix="acp-bridge-hops-") as tmp,
+        ThreadedModelEndpoint(reply="Hello.") as endpoint,
+        pool_bench.agent_setup(agent, Path(tmp), endpoint.url) as setup,
+    ):
+        bridge = [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--log-level",
+                  "error", "--adapter", agent.adapter, "--", *setup.argv]  # fmt: skip
+        raw = [sys.executable, str(RAW_RELAY), *setup.argv]
+        paths = {
+            "direct": Peer(setup.argv, setup.env, setup.cwd),
+            "raw": Peer(raw, setup.env, setup.cwd),
+            "bridge": Peer(bridge, setup.env, setup.cwd),
+        }
+        try:
+            for peer in paths.values():
+                peer.initialize()
+                pool_bench.timed_new(peer, setup.cwd)
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for _ in range(calls):
+                for name, peer in paths.items():
+                    samples[name].append(pool_bench.timed_new(peer, setup.cwd))
+        finally:
+            for peer in paths.values():
+                peer.close(0.0)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    names = [agent.name for agent in pool_bench.POOLED_AGENTS]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=60, help="calls per path (default 60)")
+    parser.add_argument("agents", nargs="+", choices=names, metavar="AGENT")
+    args = parser.parse_args(argv)
+    for agent in pool_bench.POOLED_AGENTS:
+        if agent.name not in args.agents:
+            continue
+        medians = measure(agent, args.calls)
+        direct = medians["direct"]
+        print(
+            f"{agent.name}: "
+            + ", ".join(f"{name} {ms:.2f} ms ({ms / direct:.2f}x)" for name, ms in medians.items()),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
