@@ -141,6 +141,13 @@ class Peer(relay_bench.Peer):
             self.stdout.close()
 
 
+def new_params(cwd: Path, prompt: str | None = None, mode: str = "append") -> dict[str, Any]:
+    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
+    if prompt is not None:
+        params["systemPrompt"] = {"mode": mode, "content": [{"type": "text", "text": prompt}]}
+    return params
+
+
 # ------------------------------------------------------------------ figures
 
 

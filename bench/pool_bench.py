@@ -58,12 +58,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agents
-from peer_bench import Peer, cpu_seconds, fmt_load, node_version
+from peer_bench import Peer, cpu_seconds, fmt_load, new_params, node_version
 
 from acp_bridge.model_endpoint import ThreadedModelEndpoint
 from acp_bridge.settings import load_config
@@ -157,13 +157,6 @@ def agent_setup(agent: PooledAgent, work: Path, endpoint_url: str) -> Iterator[S
         (Path(codex_home) / "sessions").mkdir(parents=True, exist_ok=True)
     argv = [*agent.command(), *spec.resolved_args(variables)]
     yield Setup(agent, argv, env, home / "project", config, no_spare)
-
-
-def new_params(cwd: Path, prompt: str | None = None, mode: str = "append") -> dict[str, Any]:
-    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
-    if prompt is not None:
-        params["systemPrompt"] = {"mode": mode, "content": [{"type": "text", "text": prompt}]}
-    return params
 
 
 def timed_new(peer: Peer, cwd: Path, prompt: str | None = None, mode: str = "append") -> float:

@@ -41,17 +41,17 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_bench import cpu_seconds
+import peer_bench
+from peer_bench import cpu_seconds, new_params
 
 # What the stand-in says it is, per adapter: the initialize answer the adapter expects.
 AGENT_INFO: Final = {
@@ -170,37 +170,8 @@ def run_agent(notes: int, name: str, note_bytes: int = 0) -> None:
 # ------------------------------------------------------------------ the client
 
 
-class Peer:
-    """A process spoken to over its stdin/stdout, one request at a time."""
-
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=cwd,
-            bufsize=0,
-            start_new_session=True,
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.stdin: IO[bytes] = self.process.stdin
-        self.stdout = os.fdopen(self.process.stdout.fileno(), "rb", 1 << 20, closefd=False)
-        self.next_id = 0
-
-    def request(self, method: str, params: Any) -> Any:
-        self.next_id += 1
-        own = self.next_id
-        message = {"jsonrpc": "2.0", "id": own, "method": method, "params": params}
-        self.stdin.write(json.dumps(message).encode() + b"\n")
-        while line := self.stdout.readline():
-            frame = json.loads(line)
-            if "method" not in frame and frame.get("id") == own:
-                if "error" in frame:
-                    raise RuntimeError(f"{method} failed: {frame['error']}")
-                return frame["result"]
-        raise RuntimeError(f"the peer closed its output before answering {method}")
+class Peer(peer_bench.Peer):
+    """:class:`peer_bench.Peer`, timing ``session/new`` calls."""
 
     def timed_news(self, params: dict[str, Any], calls: int, notes: int) -> list[float]:
         """``calls`` session/new requests, one at a time: the wall time of each, in ms.
@@ -215,22 +186,6 @@ class Peer:
             if not isinstance(result, dict) or "sessionId" not in result:
                 raise RuntimeError(f"session/new answered without a sessionId: {result!r}")
         return times
-
-    def close(self) -> None:
-        self.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.stdout.close()
-
-
-def new_params(cwd: Path, prompt: str | None = None, mode: str = "append") -> dict[str, Any]:
-    params: dict[str, Any] = {"cwd": str(cwd), "mcpServers": []}
-    if prompt is not None:
-        params["systemPrompt"] = {"mode": mode, "content": [{"type": "text", "text": prompt}]}
-    return params
 
 
 def agent_argv(adapter: str, notes: int, note_bytes: int = 0) -> list[str]:
@@ -255,13 +210,13 @@ def bridge_argv(
 
 
 def direct(adapter: str, notes: int, calls: int, cwd: Path, note_bytes: int = 0) -> list[float]:
-    peer = Peer(agent_argv(adapter, notes, note_bytes), cwd)
+    peer = Peer(agent_argv(adapter, notes, note_bytes), dict(os.environ), cwd)
     try:
         peer.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         peer.timed_news(new_params(cwd), WARMUP, notes)
         return peer.timed_news(new_params(cwd), calls, notes)
     finally:
-        peer.close()
+        peer.close(30.0)
 
 
 def bridged(
@@ -283,14 +238,14 @@ def bridged(
     config.write_text(
         f"bridge:\n  adapter_options:\n    {adapter}: {{max_processes: 4, spare: false}}\n"
     )
-    env = None
+    env = dict(os.environ)
     if source is not None:
-        env = {**os.environ, "PYTHONPATH": str(source)}
+        env["PYTHONPATH"] = str(source)
     state = ":memory:"
     if state_file:
         state = str(cwd / f"sessions-{uuid.uuid4()}.sqlite3")
     argv = bridge_argv(adapter, notes, config, profile, state, note_bytes=note_bytes)
-    peer = Peer(argv, cwd, env)
+    peer = Peer(argv, env, cwd)
     mode = "append"
     try:
         peer.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
@@ -310,7 +265,7 @@ def bridged(
                 time.sleep(0.05)
             time.sleep(0.5)  # the dump may still be being written
     finally:
-        peer.close()
+        peer.close(30.0)
     return times, cpu
 
 
