@@ -24,15 +24,14 @@ def main() -> None:
     # the collector on again once the relay is loaded (cli.run_stdio); any other command
     # line has it on again before the command line is read.
     gc.disable()
-    launch.start_early(args)
+    started = launch.start_early(args)
     try:
         launch.exchange_early(args)
     except KeyboardInterrupt:
         # Ctrl-C while waiting for the agent: as the run command ends on it before it
         # listens for signals (the agent is stopped on the way out).
         sys.exit(128 + signal.SIGINT)
-    argv = launch.agent_command(args)
-    if argv is None or not launch.started_early(argv):
+    if not started:
         gc.enable()
     from acp_bridge.commands.cli import main as cli_main
 

@@ -67,14 +67,19 @@ def test_no_signal_finds_the_default_action_once_an_agent_is_started_early(
          sys.executable, "-c", agent],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=bridge_env,
     )  # fmt: skip
-    assert process.stdin is not None
-    process.stdin.write(INITIALIZE)
-    process.stdin.flush()
-    deadline = time.monotonic() + 10
-    while not pidfile.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # past the early exchange, into the runtime
-    _, stderr = process.communicate(b"", timeout=20)
+    try:
+        assert process.stdin is not None
+        process.stdin.write(INITIALIZE)
+        process.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the early exchange, into the runtime
+        _, stderr = process.communicate(b"", timeout=20)
+    finally:
+        if process.poll() is None:  # a failed run leaves no bridge behind
+            process.kill()
+            process.wait()
     notes = [line[3:] for line in stderr.decode().splitlines() if line.startswith("@@ ")]
     assert "spawn" in notes, stderr.decode()
     first_spawn = notes.index("spawn")

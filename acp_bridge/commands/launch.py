@@ -107,8 +107,8 @@ def agent_command(args: Sequence[str]) -> list[str] | None:
     return argv
 
 
-def start_early(args: Sequence[str]) -> None:
-    """Start the agent now if ``args`` (the bridge's arguments) allow it.
+def start_early(args: Sequence[str]) -> bool:
+    """Start the agent now if ``args`` (the bridge's arguments) allow it; whether it did.
 
     It is supervised from its spawn (spec §3): its watchdog starts first, and the agent
     names its group to it before it runs, so a bridge killed at any moment after this
@@ -116,14 +116,14 @@ def start_early(args: Sequence[str]) -> None:
     """
     argv = agent_command(args)
     if argv is None:
-        return
+        return False
     # From here a signal must not find the default action: it would end the bridge
     # without stopping an agent that may already run.
     early_signals.install()
     try:
         watchdog = Watchdog.start()
     except OSError:
-        return  # the usual path tries again, and tells the client why it cannot
+        return False  # the usual path tries again, and tells the client why it cannot
     try:
         process = subprocess.Popen(
             argv,
@@ -135,11 +135,12 @@ def start_early(args: Sequence[str]) -> None:
         )
     except (OSError, ValueError, subprocess.SubprocessError):
         watchdog.discard()
-        return  # the usual path starts it again and tells the client why it cannot
+        return False  # the usual path starts it again and tells the client why it cannot
     _STARTED[tuple(argv)] = Started(process, watchdog)
     # Should the bridge stop before adopting it (a usage error, say), the agent must not
     # outlive it, nor wait for its watchdog to notice.
     atexit.register(_stop_unadopted)
+    return True
 
 
 def _stop_unadopted() -> None:
