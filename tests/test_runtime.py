@@ -200,6 +200,29 @@ async def test_a_store_failure_in_version_2_closes_the_session_the_agent_opened(
             await assert_refused_and_closed_on_the_agent(client, agent)
 
 
+@pytest.mark.parametrize("method", ["session/new", "session/load", "session/resume"])
+async def test_an_adapter_step_that_fails_after_the_agent_opened_the_session_closes_it(
+    method: str,
+) -> None:
+    # Spec §6: a failed delivery (the adapter's step) leaves no session behind; the bridge
+    # ends the one the agent already opened for the request before the client hears.
+    store = SessionStore(":memory:")
+    params: dict[str, Any] = {"cwd": "/", "mcpServers": [], "systemPrompt": PROMPT}
+    if method != "session/new":
+        params["sessionId"] = "sess-7"
+    lifecycle = Lifecycle(store, "memory-agent")
+    with trio.fail_after(10):
+        async with bridge_over_memory(lifecycle, adapter="broken-step") as (client, agent):
+            await client.send({"jsonrpc": "2.0", "id": "open", "method": method,
+                               "params": params})  # fmt: skip
+            answer = await client.receive()
+            closes = [m["params"] for m in agent.received if m.get("method") == "session/close"]
+    assert answer["id"] == "open" and answer["error"]["code"] == -32603
+    assert closes == [{"sessionId": "sess-1" if method == "session/new" else "sess-7"}]
+    assert store.list() == []
+    store.close()
+
+
 async def test_a_close_the_agent_answers_not_found_leaves_the_session_not_live() -> None:
     store = SessionStore(":memory:")
     not_found = {"code": -32002, "message": "Session not found"}

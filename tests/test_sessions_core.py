@@ -259,6 +259,36 @@ def test_the_prompt_is_taken_out_of_the_params_and_the_clients_params_are_left_a
 
 
 @pytest.mark.parametrize("method", sorted(OPENING))
+def test_the_prompt_is_the_only_param_the_bridge_changes(method: str) -> None:
+    # Spec §6: tools, MCP servers, permissions, modes and config options stay the client's.
+    server = {"name": "fs", "command": "mcp-fs", "args": ["--root", "/"], "env": []}
+    params = session_params(
+        "s1",
+        APPEND,
+        mcpServers=[server],
+        additionalDirectories=["/src"],
+        modeId="plan",
+        configOptions={"model": "small"},
+        _meta={"claudeCode": {"options": {"allowedTools": ["Read"]}}, "trace": "t"},
+    )
+    step = table().begin(method, copy.deepcopy(params), Stored(OTHER))
+    assert step.params == {key: value for key, value in params.items() if key != "systemPrompt"}
+
+
+def test_no_method_that_changes_tools_modes_or_config_options_is_intercepted() -> None:
+    steering = {"session/set_mode", "session/set_model", "session/set_config_option",
+                "session/request_permission", "session/list", "authenticate"}  # fmt: skip
+    for delivery in (None, Delivery(), Delivery(override=True, custom_modes=("_x",))):
+        for intercepts_prompt in (False, True):
+            for version_2 in (False, True):
+                methods = intercepted_methods(
+                    delivery, intercepts_prompt=intercepts_prompt, version_2=version_2
+                )
+                assert methods <= SESSION_METHODS | {INITIALIZE, "session/prompt"}
+                assert not methods & steering
+
+
+@pytest.mark.parametrize("method", sorted(OPENING))
 def test_a_rejected_prompt_stops_the_request_naming_the_field(method: str) -> None:
     bad = {"mode": "append", "content": [{"type": "image", "data": "", "mimeType": "x"}]}
     with pytest.raises(PromptRejected) as rejected:
@@ -360,6 +390,14 @@ def test_under_keep_an_omitted_prompt_is_the_stored_one(method: str) -> None:
     step = table().begin(method, session_params("s1"), Stored(APPEND, "fp"))
     assert (step.prompt, step.previous, step.delivered) == (APPEND, APPEND, "fp")
     assert not step.client_sent_prompt
+
+
+def test_keep_is_the_policy_unless_another_is_configured() -> None:
+    sessions_table = SessionTable("agent-cmd")
+    sessions_table.initialized(v1_result(), Delivery(), intercepts_prompt=False)
+    step = sessions_table.begin("session/load", session_params("s1"), Stored(APPEND))
+    assert step.prompt == APPEND and not step.client_sent_prompt
+    assert sessions_table.on_omitted == "keep"
 
 
 def test_under_keep_a_fork_inherits_its_parents_prompt() -> None:
@@ -607,6 +645,27 @@ def test_a_session_live_before_a_failed_reload_is_live_no_more() -> None:
     again = sessions_table.begin("session/load", session_params("s1", OTHER), Stored(APPEND))
     _failed(sessions_table, again, {}, v1_result(close={}))
     assert sessions_table.live == set()
+
+
+@pytest.mark.parametrize("method", sorted(OPENING))
+def test_a_failed_adapter_step_withdraws_the_session_the_agent_opened(method: str) -> None:
+    sessions_table = table()
+    opened = sessions_table.begin("session/load", session_params("s1"), Stored(APPEND))
+    sessions_table.recorded(sessions_table.answered(opened, result={}))
+    step = sessions_table.begin(method, session_params("s1", OTHER), Stored(APPEND))
+    withdraw = sessions_table.step_failed(step, {"sessionId": "s2"}, v1_result(delete={}))
+    expected = "s2" if method in ("session/new", "session/fork") else "s1"
+    assert withdraw == Withdraw(expected, ("session/delete",))
+    assert sessions_table.live == ({"s1"} if expected == "s2" else set())
+
+
+@pytest.mark.parametrize("method", ["session/close", "session/delete", "session/prompt"])
+def test_a_failed_adapter_step_that_opened_nothing_withdraws_nothing(method: str) -> None:
+    sessions_table = table()
+    step = sessions_table.begin(method, session_params("s1"), Stored(APPEND))
+    assert sessions_table.step_failed(step, {}, v1_result(close={})) is None
+    step = sessions_table.begin("session/new", new_params(APPEND), None)
+    assert sessions_table.step_failed(step, {"sessionId": 7}, v1_result(close={})) is None
 
 
 def test_withdrawing_tries_close_then_delete_where_both_are_offered() -> None:

@@ -57,9 +57,11 @@ The rules:
 * **Live.** A session is live from the moment its opening (new, load, resume, fork) is
   recorded until it is closed or deleted on this connection (adapters ask: claude closes a
   live session before reloading it with another prompt).
-* **Withdrawing.** When a store write fails for a request that opened a session, no session
-  may be left behind: it is not live, the client gets a ``-32603`` error instead of the
-  agent's answer, and the bridge ends the session in the agent with ``session/close`` where
+* **Withdrawing.** When a store write fails for a request that opened a session, or the
+  adapter's own step fails after the agent accepted the request (its hook raises), no
+  session may be left behind: nothing is stored, it is not live, the client gets a
+  ``-32603`` error instead of the agent's answer, and the bridge ends the session in the
+  agent with ``session/close`` where
   the agent offers it (version 1: ``sessionCapabilities.close``; version 2: every agent with
   ``capabilities.session``, where close is a baseline method), else ``session/delete``
   where offered (``sessionCapabilities.delete`` / ``capabilities.session.delete``), trying
@@ -452,3 +454,16 @@ class SessionTable:
         message = f"The bridge could not record the session, so it did not keep it open: {reason}"
         withdraw = Withdraw(outcome.opened, withdraw_methods(initialize_result))
         return RecordFailed(error_object(INTERNAL_ERROR, message), withdraw)
+
+    def step_failed(
+        self, step: Step, accepted: Any, initialize_result: JsonObject
+    ) -> Withdraw | None:
+        """The adapter's step for ``step`` failed after the agent accepted the forwarded
+        request with ``accepted`` (its result): nothing is stored, and the session the agent
+        opened for the request is not live and must be ended there (its process answered
+        ``initialize`` with ``initialize_result``). ``None``: the agent opened none."""
+        opened = self.answered(step, result=accepted).opened
+        if opened is None:
+            return None
+        self._live.discard(opened)
+        return Withdraw(opened, withdraw_methods(initialize_result))

@@ -6,7 +6,8 @@ runtime's side of the session rules: for each intercepted request it reads the s
 session :class:`~acp_bridge.core.sessions.SessionTable` asks for, lets the table say what
 the request runs with, hands a :class:`Call` to the adapter's hook, stores what the table
 says the answer changed (off the event loop when the store may wait), and sends the
-withdraw requests the table returns when that write fails. Every decision is the session
+withdraw requests the table returns when that write fails or the hook fails after the
+agent accepted the request. Every decision is the session
 table's or the router's; this module only carries them out.
 """
 
@@ -64,6 +65,8 @@ class Call:
         self.delivered: str | None = None if step is None else step.delivered
         self.delivered_now: str | None = None
         self.forwarded_to: AgentConnection | None = None
+        self.accepted: Reply | None = None
+        """The agent's last successful answer to the forwarded request."""
 
     async def forward(self, link: AgentLink | None = None) -> Reply:
         if link is None:
@@ -84,7 +87,10 @@ class Call:
             return Reply.internal(str(answer), {"exitStatus": answer.status})
         body = answer.message
         raw = answer.raw if body.get("id") == self.frame.id else None
-        return Reply(result=body.get("result"), error=body.get("error"), frame_bytes=raw)
+        reply = Reply(result=body.get("result"), error=body.get("error"), frame_bytes=raw)
+        if reply.ok:
+            self.accepted = reply
+        return reply
 
     def mark_delivered(self, fingerprint: str | None) -> None:
         self.delivered_now = fingerprint
@@ -159,7 +165,11 @@ class Interceptions:
             return Reply(error=rejected.error())
         call = Call(self.connection, token, frame, link, step)
         hook = getattr(self.adapter, HOOKS[call.method])
-        reply: Reply = await hook(call)
+        try:
+            reply: Reply = await hook(call)
+        except Exception:
+            await self._abandon(call, step)
+            raise
         return await self._record(call, step, reply)
 
     async def _initialize(self, call: Call) -> Reply:
@@ -232,6 +242,18 @@ class Interceptions:
                 return Reply(error=failed.error)
         self.sessions.recorded(outcome)
         return reply
+
+    async def _abandon(self, call: Call, step: Step) -> None:
+        """The adapter's hook failed: end a session the agent opened for the request before
+        the client gets the error."""
+        if call.accepted is None:
+            return
+        link = call.forwarded_to or call.link
+        withdraw = self.sessions.step_failed(
+            step, call.accepted.result, link.initialize_result or {}
+        )
+        if withdraw is not None:
+            await self._withdraw(link, withdraw)
 
     async def _withdraw(self, link: AgentConnection, withdraw: Withdraw) -> None:
         """End a session the agent opened for a request whose recording then failed."""
