@@ -138,3 +138,38 @@ async def test_other_session_new_errors_pass_as_sent(
         b'{"jsonrpc": "2.0", "id": 2, "error": {"code": -32603, '
         b'"message": "session/new failed on purpose"}}'
     )
+
+
+# ------------------------------------------------------------------------------------
+# A changed prompt claude cannot take now: a live session of a build without session/close
+# keeps the prompt it was opened with until the agent restarts (spec §6: logged).
+
+
+def _prompt(text: str) -> dict[str, Any]:
+    return {"mode": "append", "content": [{"type": "text", "text": text}]}
+
+
+async def test_a_live_session_reloaded_with_another_prompt_logs_that_it_applies_later(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
+    caps = json.dumps({"loadSession": True, "sessionCapabilities": {}})  # no session/close
+    lifecycle = {"cwd": "/", "mcpServers": []}
+    with trio.fail_after(30):
+        async with open_memory_bridge("--name", LEGACY.name, "--caps", caps) as bridge:
+            await bridge.request(1, "initialize", {"protocolVersion": 1})
+            await bridge.response_to(1)
+            await bridge.request(
+                2, "session/new", {**lifecycle, "systemPrompt": _prompt("Be brief.")}
+            )
+            session_id = (await bridge.response_to(2))["result"]["sessionId"]
+            same = {**lifecycle, "sessionId": session_id, "systemPrompt": _prompt("Be brief.")}
+            await bridge.request(3, "session/load", same)
+            assert "result" in await bridge.response_to(3)
+            assert "applies only after" not in bridge.stderr()  # the same prompt: nothing to say
+            other = {**same, "systemPrompt": _prompt("Answer in French.")}
+            await bridge.request(4, "session/load", other)
+            assert "result" in await bridge.response_to(4)
+            log = bridge.stderr()
+    assert f"session {session_id} is live and its system prompt changed" in log
+    assert "the new prompt applies only after the agent restarts" in log
+    assert "Be brief" not in log and "French" not in log

@@ -297,6 +297,44 @@ async def open_many(peer: Peer, label: str, ids: list[str]) -> None:
             nursery.start_soon(peer.prompt, session_id)
 
 
+async def test_two_bridges_in_memory_share_one_state_file_at_once(tmp_path: Path) -> None:
+    # The in-memory counterpart of the test below: two bridges, each with its own connection
+    # to one state file, write at once, and each reads what the other wrote while both run.
+    state = tmp_path / "state.db"
+    agents = {
+        label: FakeAgent(tmp_path / f"{label}.jsonl", session_prefix=f"{label}-")
+        for label in ("a", "b")
+    }
+    ids: dict[str, list[str]] = {label: [] for label in agents}
+    with (
+        trio.fail_after(TIMEOUT * 2),
+        SessionStore(state) as store_a,
+        SessionStore(state) as store_b,
+    ):
+        async with (
+            bridge_in_process(agents["a"], store_a) as peer_a,
+            bridge_in_process(agents["b"], store_b) as peer_b,
+        ):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(open_many, peer_a, "a", ids["a"])
+                nursery.start_soon(open_many, peer_b, "b", ids["b"])
+            # A session the other bridge opened and still runs: loaded without a prompt
+            # under keep, it runs with the one that bridge stored (else it would be none).
+            crossed = ids["a"][0]
+            written_by_a = stored(store_a, crossed).prompt
+            await peer_b.load(crossed)
+            assert written_by_a is not None and stored(store_b, crossed).prompt == written_by_a
+        records = {r.session_id: r for r in store_a.list(AGENT_NAME)}
+    assert len(records) == 2 * SESSIONS_PER_BRIDGE
+    for label, session_ids in ids.items():
+        texts = set()
+        for session_id in session_ids:
+            prompt = records[session_id].prompt
+            assert prompt is not None and records[session_id].delivered == prompt.fingerprint()
+            texts.add(prompt.text)
+        assert texts == {f"{label} {index}" for index in range(SESSIONS_PER_BRIDGE)}
+
+
 async def test_two_bridges_writing_one_state_file_lose_nothing(tmp_path: Path) -> None:
     state = str(tmp_path / "state.db")
     agents = {

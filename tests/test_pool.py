@@ -448,6 +448,41 @@ async def test_an_agent_without_session_close_still_moves_the_session(
         assert pool.holder(session) is not pool.context.primary
 
 
+class LimitedPool(FilePool):
+    """A pool adapter whose agent keeps the prompt a session was created with."""
+
+    name = "limited-pool"
+
+    @classmethod
+    def reopen_limits(cls, previous: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+        if previous is None or prompt is None or previous == prompt:
+            return []
+        return ["the agent keeps the prompt the session was created with"]
+
+
+@pytest.mark.parametrize("method", ["session/load", "session/resume"])
+async def test_a_changed_prompt_the_agent_cannot_apply_is_logged(
+    private_dirs: Path, caplog: pytest.LogCaptureFixture, method: str
+) -> None:
+    # Spec §6: applied where the agent can; where it cannot, the bridge says so on stderr.
+    caplog.set_level(logging.WARNING)
+    async with open_pool(LimitedPool) as pool:
+        session = await pool.new(append("old"))
+        hook = (
+            pool.adapter.session_load if method == "session/load" else pool.adapter.session_resume
+        )
+        same = pool.call(method, session, prompt=append("old"), previous=append("old"))
+        assert (await hook(same)).ok
+        assert caplog.records == []
+        changed = pool.call(method, session, prompt=append("new"), previous=append("old"))
+        assert (await hook(changed)).ok
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"{method} of session {session}: the agent keeps the prompt the session was created with"
+    )
+
+
 async def test_a_reopen_refused_right_after_a_close_is_retried(
     private_dirs: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -241,6 +241,63 @@ async def test_a_close_the_agent_answers_not_found_leaves_the_session_not_live()
     store.close()
 
 
+async def test_sessions_are_stored_under_the_name_the_agent_gives_itself() -> None:
+    # Spec §6: keyed by (agent identity, session id); the command's name stands in only
+    # until the agent's initialize answer names the agent.
+    store = SessionStore(":memory:")
+    with trio.fail_after(10):
+        async with bridge_over_memory(
+            Lifecycle(store, "memory-agent"), agent_name="agent-own-name"
+        ) as (client, _agent):
+            await client.send(new_session("new"))
+            assert (await client.receive())["result"] == {"sessionId": "sess-1"}
+    record = store.get("agent-own-name", "sess-1")
+    assert record is not None and record.prompt is not None
+    assert record.prompt.text == "Be brief."
+    assert store.get("memory-agent", "sess-1") is None
+    store.close()
+
+
+async def receive_line(client: Wire) -> bytes:
+    """The next line the client gets, as bytes."""
+    while b"\n" not in client.buffer:
+        client.buffer += await client.receive_stream.receive_some(1 << 16)
+    line, client.buffer = client.buffer.split(b"\n", 1)
+    return line
+
+
+async def test_modes_config_options_and_tools_pass_as_the_agent_and_client_sent_them() -> None:
+    # Spec §6: the bridge never changes tool availability, MCP servers, permissions, modes
+    # or config options: the agent's answer to an intercepted session/new keeps its bytes,
+    # and the requests that change a session's mode or options are not the bridge's.
+    answer = (
+        b'{"jsonrpc":"2.0","id":{id},"result":{"sessionId":"sess-1",'
+        b'"modes":{"currentModeId":"ask","availableModes":[{"id":"ask","name":"Ask"}]},'
+        b'"configOptions":[{"id":"model","name":"Model","type":"select",'
+        b'"currentValue":"small","options":[{"value":"small","name":"Small"}]}]}}'
+    )
+    server = {"name": "fs", "command": "mcp-fs", "args": [], "env": []}
+    steering = [
+        b'{"jsonrpc":"2.0","id":"mode","method":"session/set_mode",'
+        b'"params":{"sessionId":"sess-1", "modeId":"code"}}',
+        b'{"jsonrpc":"2.0","id":"option","method":"session/set_config_option",'
+        b'"params":{"sessionId":"sess-1","configId":"model",  "value":"large"}}',
+    ]
+    agent_options = {"session_new_answer": answer}
+    with trio.fail_after(10):
+        async with bridge_over_memory(agent_options=agent_options) as (client, agent):
+            await client.send({"jsonrpc": "2.0", "id": "new", "method": "session/new",
+                               "params": {"cwd": "/", "mcpServers": [server],
+                                          "systemPrompt": PROMPT}})  # fmt: skip
+            assert await receive_line(client) == answer.replace(b"{id}", b'"new"')
+            for line in steering:
+                await client.send_stream.send_all(line + b"\n")
+                assert json.loads(await receive_line(client))["id"] == json.loads(line)["id"]
+    (sent,) = [m for m in agent.received if m.get("method") == "session/new"]
+    assert sent["params"] == {"cwd": "/", "mcpServers": [server]}
+    assert agent.received_raw[-2:] == steering
+
+
 async def test_configured_by_file_a_slow_user_adapter_holds_up_only_its_session(
     open_memory_bridge: Any,
 ) -> None:
