@@ -1,7 +1,7 @@
 """What ``session/new`` costs for the agents that take their prompt per process.
 
     python bench/pool_bench.py [--rounds 3] [--agents codex gemini ...] [--both | --no-spare]
-                               [--verbose]
+                               [--seen N] [--verbose]
 
 ``python bench/peer_bench.py --pool`` runs it after the peer figures.
 
@@ -20,16 +20,23 @@ round), against the embedded model endpoint (each preset's ``verify:`` section i
   ``bridge.adapter_options.<name>.spare: true`` the first one does (no spare runs yet)
   and the next ones claim the spare started after the one before;
 * **bridge, seen prompt**: ``session/new`` again with that prompt, served by its process
-  (the median of three), and the CPU time the bridge process spent per such call
-  (``peer_bench.cpu_seconds``; unlike the wall-clock rows it hardly depends on the load);
+  (the median of ``--seen`` calls, default three), and the CPU time the bridge process
+  spent per such call (``peer_bench.cpu_seconds``; unlike the wall-clock rows it hardly
+  depends on the load);
 * **direct beside it**: the agent alone, started with each new prompt's process (its
   ``initialize`` before, its first ``session/new`` after the new prompt's), its
-  ``session/new`` calls alternated one for one with the seen-prompt calls (the median of
-  three). Both run on processes of the same age, behind the same earlier calls and at the
+  ``session/new`` calls taken in turn with the seen-prompt calls (as many, their median).
+  Both run on processes of the same age, behind the same earlier calls and at the
   same moment's load; a ``session/new`` leaves work running behind its answer (codex-acp
   0.16 starts login shells for its environment snapshot) that slows whatever comes next on
   a small machine, and the direct row above is measured in another phase. **seen/beside**
   is the fair ratio for a seen prompt.
+* **direct with the prompt**: a third agent alone, started as the bridge starts the process
+  for that prompt (the adapter's own ``process_config``: the same arguments, variables and
+  files in a private folder), its ``session/new`` calls alternated with the other two. An
+  agent may work more per session with a prompt than without (Copilot reads its
+  instructions folders at each ``session/new``); **seen/prompted** leaves that out and is
+  what the bridge itself adds.
 
 The prompts are ``append`` prompts, ``override`` for qwen and codex-acp 2.6 (the mode in
 which each starts a process and can keep a spare one). With spares, the bench waits
@@ -40,13 +47,15 @@ start's CPU: on two cores, calls made during it take about twice as long).
 ``--no-spare`` measures the bridge without spares only, ``--both`` both ways.
 
 Printed per agent: the medians of the rounds with their range, the ratios new prompt /
-cold start, seen prompt / direct session/new and seen prompt / direct beside it, and the
+cold start, seen prompt / direct session/new, seen prompt / direct beside it and seen
+prompt / direct with the prompt, and the
 load average at each round.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -58,21 +67,28 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agents
+from adapter_context import ContextWithEnvironment, Primary
 from peer_bench import Peer, cpu_seconds, fmt_load, new_params, node_version
 
+from acp_bridge.adapter import AdapterContext
+from acp_bridge.core.system_prompt import Mode, SystemPrompt
 from acp_bridge.model_endpoint import ThreadedModelEndpoint
+from acp_bridge.pool import PoolAdapter
+from acp_bridge.registry import builtin
 from acp_bridge.settings import load_config
+from acp_bridge.supervision.private_dirs import PrivateDir
 
 # Direct session/new calls timed on a running agent, per round.
 DIRECT_NEWS: Final = 5
 # New prompts per bridge per round, each followed by this many sessions with it again.
 NEW_PROMPTS: Final = 3
 SEEN_NEWS: Final = 3
+INITIALIZE: Final = {"protocolVersion": 1, "clientCapabilities": {}}
 # An npm registry nobody listens on: agents that install plugins on start stay offline.
 OFFLINE_REGISTRY: Final = "http://127.0.0.1:9/"
 
@@ -85,7 +101,7 @@ class PooledAgent:
     """The preset's name."""
     adapter: str
     command: Callable[[], list[str]]
-    mode: str = "append"
+    mode: Mode = "append"
     """The prompt mode measured: one the adapter starts a process for, and keeps a spare
     process for if it can."""
 
@@ -180,7 +196,44 @@ def direct(setup: Setup) -> dict[str, list[float]]:
     return {"cold": [cold], "direct": [statistics.median(news)]}
 
 
-def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
+class AgentView(ContextWithEnvironment):
+    """What an adapter asks of the bridge to say how a prompt becomes a process: the
+    agent's environment and its ``initialize`` answer (codex picks its route by it)."""
+
+    log = logging.getLogger("pool-bench")
+
+    def __init__(
+        self, environment: dict[str, str], initialize_result: dict[str, Any] | None
+    ) -> None:
+        super().__init__(environment)
+        self.primary = Primary()
+        self.primary.initialize_result = initialize_result
+
+
+@contextmanager
+def prompted_agent(
+    setup: Setup, prompt: str, mode: Mode, initialize_result: dict[str, Any] | None
+) -> Iterator[Peer]:
+    """The agent alone, started as the bridge starts the process for ``prompt``."""
+    adapter_class = builtin(setup.agent.adapter)
+    assert issubclass(adapter_class, PoolAdapter), adapter_class
+    # A part of the context: process_config asks for the environment, the options, the
+    # log and the primary's answer, and nothing that runs.
+    adapter = adapter_class(cast("AdapterContext", AgentView(setup.env, initialize_result)))
+    private = PrivateDir.create(f"acp-bridge-{adapter.name}-", adapter.private_root())
+    try:
+        config = adapter.process_config(SystemPrompt.of_text(mode, prompt), private)
+        peer = Peer([*setup.argv, *config.args], {**setup.env, **config.env}, setup.cwd)
+        try:
+            peer.initialize()
+            yield peer
+        finally:
+            peer.close(0.0)
+    finally:
+        private.remove()
+
+
+def bridged(setup: Setup, settle: float, spare: bool, seen_calls: int) -> dict[str, list[float]]:
     config = setup.config if spare else setup.no_spare_config
     argv = [
         sys.executable,
@@ -203,8 +256,9 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
     if spare:
         figures["new_first"] = []
     figures[f"beside{suffix}"] = []
+    figures[f"prompted{suffix}"] = []
     cpu: list[float] = []
-    alone: list[Peer] = []
+    alone = ExitStack()
     try:
         peer.initialize()
         timed_new(peer, setup.cwd)
@@ -212,31 +266,40 @@ def bridged(setup: Setup, settle: float, spare: bool) -> dict[str, list[float]]:
             prompt = f"pool bench prompt {uuid.uuid4()}"
             mode = setup.agent.mode
             beside = Peer(setup.argv, setup.env, setup.cwd)
-            alone.append(beside)
-            beside.initialize()
+            alone.callback(beside.close, 0.0)
+            initialized = beside.request("initialize", INITIALIZE)
+            prompted = alone.enter_context(prompted_agent(setup, prompt, mode, initialized))
             # With spares, the first new prompt finds none: the spare starts after it.
             key = "new_first" if spare and index == 0 else f"new{suffix}"
             figures[key].append(timed_new(peer, setup.cwd, prompt, mode))
             timed_new(beside, setup.cwd)
+            timed_new(prompted, setup.cwd)
             if spare:
                 # The spare started after that call is up before the seen calls (and so
                 # before the next new prompt): otherwise they share the CPU with its start.
                 time.sleep(settle)
             seen: list[float] = []
             direct_news: list[float] = []
-            before = cpu_seconds(peer.process.pid)
-            for call in range(SEEN_NEWS):
-                if call % 2:
-                    direct_news.append(timed_new(beside, setup.cwd))
-                seen.append(timed_new(peer, setup.cwd, prompt, mode))
-                if not call % 2:
-                    direct_news.append(timed_new(beside, setup.cwd))
-            cpu.append((cpu_seconds(peer.process.pid) - before) / SEEN_NEWS * 1000)
+            prompted_news: list[float] = []
+            cpu_used = 0.0
+            for call in range(seen_calls):
+                # The three in turn, each call in another place of the turn.
+                for step in range(3):
+                    which = (call + step) % 3
+                    if which == 0:
+                        before = cpu_seconds(peer.process.pid)
+                        seen.append(timed_new(peer, setup.cwd, prompt, mode))
+                        cpu_used += cpu_seconds(peer.process.pid) - before
+                    elif which == 1:
+                        direct_news.append(timed_new(beside, setup.cwd))
+                    else:
+                        prompted_news.append(timed_new(prompted, setup.cwd))
+            cpu.append(cpu_used / seen_calls * 1000)
             figures[f"seen{suffix}"].append(statistics.median(seen))
             figures[f"beside{suffix}"].append(statistics.median(direct_news))
+            figures[f"prompted{suffix}"].append(statistics.median(prompted_news))
     finally:
-        for beside in alone:
-            beside.close(0.0)
+        alone.close()
         # EOF: the bridge stops every process it started before it exits.
         peer.close(30.0)
     figures[f"seen_cpu{suffix}"] = cpu
@@ -259,6 +322,8 @@ FIGURES: Final = (
     Figure("seen_nospare", "bridge, seen prompt, no spare"),
     Figure("beside", "direct beside the seen prompt"),
     Figure("beside_nospare", "direct beside the seen prompt, no spare"),
+    Figure("prompted", "direct with the prompt"),
+    Figure("prompted_nospare", "direct with the prompt, no spare"),
     Figure("seen_cpu", "bridge CPU per seen session/new"),
     Figure("seen_cpu_nospare", "bridge CPU per seen session/new, no spare"),
 )
@@ -296,9 +361,14 @@ def report(results: Results, names: Sequence[str]) -> None:
     print(f"load average at each round: {loads}")
     keys = [f for f in FIGURES if any(f.key in results.values.get(n, {}) for n in names)]
     head = ["agent", *(f"{f.label} (ms)" for f in keys), "new/cold", "seen/direct"]
-    head.append("seen/beside")
+    head += ["seen/beside", "seen/prompted"]
     if any("new_nospare" in results.values.get(n, {}) for n in names):
-        head += ["no spare: new/cold", "no spare: seen/direct", "no spare: seen/beside"]
+        head += [
+            "no spare: new/cold",
+            "no spare: seen/direct",
+            "no spare: seen/beside",
+            "no spare: seen/prompted",
+        ]
     rows = [head]
     for name in names:
         row = [
@@ -307,12 +377,14 @@ def report(results: Results, names: Sequence[str]) -> None:
             ratio(results, name, "new", "cold"),
             ratio(results, name, "seen", "direct"),
             ratio(results, name, "seen", "beside"),
+            ratio(results, name, "seen", "prompted"),
         ]
         if len(head) > len(row):
             row += [
                 ratio(results, name, "new_nospare", "cold"),
                 ratio(results, name, "seen_nospare", "direct"),
                 ratio(results, name, "seen_nospare", "beside_nospare"),
+                ratio(results, name, "seen_nospare", "prompted_nospare"),
             ]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -340,7 +412,7 @@ def run(args: argparse.Namespace, setups: list[Setup], results: Results) -> None
                 if path == "direct":
                     figures = direct(setup)
                 else:
-                    figures = bridged(setup, settle, spare=path == "bridge")
+                    figures = bridged(setup, settle, path == "bridge", args.seen)
                 results.add(setup.agent.name, figures)
                 if args.verbose:
                     print(
@@ -356,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = [agent.name for agent in POOLED_AGENTS]
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--agents", nargs="+", choices=names, default=names)
+    parser.add_argument(
+        "--seen", type=int, default=SEEN_NEWS, help="seen-prompt calls per new prompt"
+    )
     parser.add_argument("--settle", type=float, help="seconds after each new prompt (spares)")
     spares = parser.add_mutually_exclusive_group()
     spares.add_argument("--no-spare", action="store_true", help="no spare processes")
