@@ -2,7 +2,9 @@
 
 Each test feeds the table what the runtime would (a request, what the store holds, the
 agent's answer) and looks at the values it returns: what a request runs with, what must be
-stored, what must be sent to the agent. One test per rule of spec §4-§6.
+stored, what must be sent to the agent. One test per rule of spec §4-§6; the section
+"Lifecycle rules and their tests" of docs/architecture.md names, for each rule, these and
+the in-memory runtime tests that prove it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ast
 import copy
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -706,6 +709,35 @@ def test_a_failed_write_for_close_or_delete_answers_an_error_and_withdraws_nothi
         step = sessions_table.begin(method, session_params("s1"), Stored(APPEND))
         failed = _failed(sessions_table, step, {}, v1_result(close={}))
         assert failed.withdraw is None and failed.error["code"] == INTERNAL_ERROR
+
+
+# --------------------------------------------------------- the table in the docs
+
+ARCHITECTURE = Path(__file__).parents[1] / "docs" / "architecture.md"
+
+
+def test_every_test_the_lifecycle_rules_table_names_exists() -> None:
+    text = ARCHITECTURE.read_text()
+    section = text.split("## Lifecycle rules and their tests", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", section)
+    assert len(named) > 40
+    defined: dict[str, set[str]] = {}
+    missing = []
+    for file, name in named:
+        if file not in defined:
+            tree = ast.parse((ARCHITECTURE.parents[1] / file).read_text())
+            defined[file] = {
+                node.name
+                for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+        if name not in defined[file]:
+            missing.append(f"{file}::{name}")
+    assert missing == []
+    validation = (ARCHITECTURE.parents[1] / "tests" / "test_validation.py").read_text()
+    for row in section.splitlines():
+        for case in re.findall(r"`(\w+)`", row.partition("cases ")[2]):
+            assert re.search(rf'\(\s*"{case}",', validation), case
 
 
 # ------------------------------------------------------------------------- sans-IO
