@@ -349,6 +349,9 @@ class PoolAdapter(Adapter):
         """session/new, session/fork: the new session lives in its prompt's process."""
 
         async def serve(pooled: PooledProcess) -> Opened:
+            if call.method == "session/fork":
+                for problem in self.fork_limits(call.previous, call.prompt):
+                    self.log.warning("%s of session %s: %s", call.method, call.session_id, problem)
             reply = await call.forward(pooled.link)
             session_id = reply.result.get("sessionId") if isinstance(reply.result, dict) else None
             return reply, session_id if reply.ok and isinstance(session_id, str) else None

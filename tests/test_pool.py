@@ -459,6 +459,12 @@ class LimitedPool(FilePool):
             return []
         return ["the agent keeps the prompt the session was created with"]
 
+    @classmethod
+    def fork_limits(cls, parent: SystemPrompt | None, prompt: SystemPrompt | None) -> list[str]:
+        if parent is None or prompt is None or parent == prompt:
+            return []
+        return ["the fork keeps its parent's prompt"]
+
 
 @pytest.mark.parametrize("method", ["session/load", "session/resume"])
 async def test_a_changed_prompt_the_agent_cannot_apply_is_logged(
@@ -480,6 +486,25 @@ async def test_a_changed_prompt_the_agent_cannot_apply_is_logged(
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
         f"{method} of session {session}: the agent keeps the prompt the session was created with"
+    )
+
+
+async def test_a_fork_the_agent_cannot_give_its_own_prompt_is_logged(
+    private_dirs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    async with open_pool(LimitedPool) as pool:
+        parent = await pool.new(append("old"))
+        same = pool.call("session/fork", parent, prompt=append("old"), previous=append("old"))
+        assert (await pool.adapter.session_fork(same)).ok
+        assert caplog.records == []
+        changed = pool.call("session/fork", parent, prompt=append("new"), previous=append("old"))
+        assert (await pool.adapter.session_fork(changed)).ok
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert (
+        record.getMessage()
+        == f"session/fork of session {parent}: the fork keeps its parent's prompt"
     )
 
 
