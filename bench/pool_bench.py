@@ -31,12 +31,12 @@ round), against the embedded model endpoint (each preset's ``verify:`` section i
   0.16 starts login shells for its environment snapshot) that slows whatever comes next on
   a small machine, and the direct row above is measured in another phase. **seen/beside**
   is the fair ratio for a seen prompt.
-* **direct with the prompt**: a third agent alone, started as the bridge starts the process
-  for that prompt (the adapter's own ``process_config``: the same arguments, variables and
-  files in a private folder), its ``session/new`` calls alternated with the other two. An
-  agent may work more per session with a prompt than without (Copilot reads its
-  instructions folders at each ``session/new``); **seen/prompted** leaves that out and is
-  what the bridge itself adds.
+* **direct with the prompt**: a third agent alone, started (after the new prompt's call) as
+  the bridge starts the process for that prompt (the adapter's own ``process_config``: the
+  same arguments, variables and files in a private folder), its ``session/new`` calls taken
+  in turn with the other two. An agent may work more per session with a prompt than
+  without (Copilot reads its instructions folders at each ``session/new``);
+  **seen/prompted** leaves that out.
 
 The prompts are ``append`` prompts, ``override`` for qwen and codex-acp 2.6 (the mode in
 which each starts a process and can keep a spare one). With spares, the bench waits
@@ -268,10 +268,12 @@ def bridged(setup: Setup, settle: float, spare: bool, seen_calls: int) -> dict[s
             beside = Peer(setup.argv, setup.env, setup.cwd)
             alone.callback(beside.close, 0.0)
             initialized = beside.request("initialize", INITIALIZE)
-            prompted = alone.enter_context(prompted_agent(setup, prompt, mode, initialized))
             # With spares, the first new prompt finds none: the spare starts after it.
             key = "new_first" if spare and index == 0 else f"new{suffix}"
             figures[key].append(timed_new(peer, setup.cwd, prompt, mode))
+            # Started after the new prompt's call, which it would slow: an agent goes on
+            # working after its initialize answer (Kilo for seconds).
+            prompted = alone.enter_context(prompted_agent(setup, prompt, mode, initialized))
             timed_new(beside, setup.cwd)
             timed_new(prompted, setup.cwd)
             if spare:
