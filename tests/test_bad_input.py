@@ -257,3 +257,97 @@ async def test_batch_holding_a_session_request_is_refused_whole(
             assert "session/new" in errors[0]["error"]["message"]
             await still_serving(bridge)
             assert b"session/new" not in agent_received(bridge)
+
+
+# Answers JSON-RPC 2.0 forbids: a result and an error at once, or an error that is not
+# an object with an integer code and a string message.
+INVALID_ANSWERS = {
+    "result-and-error": '"result":{},"error":{"code":-32000,"message":"no"}',
+    "error-and-null-result": '"result":null,"error":{"code":-32000,"message":"no"}',
+    "code-a-string": '"error":{"code":"-32000","message":"no"}',
+    "code-a-float": '"error":{"code":-32000.0,"message":"no"}',
+    "code-a-boolean": '"error":{"code":true,"message":"no"}',
+    "code-missing": '"error":{"message":"no"}',
+    "message-not-a-string": '"error":{"code":-32000,"message":{"text":"no"}}',
+    "message-missing": '"error":{"code":-32000}',
+    "error-a-string": '"error":"no"',
+    "error-null": '"error":null',
+}
+
+
+@pytest.mark.parametrize("members", INVALID_ANSWERS.values(), ids=INVALID_ANSWERS.keys())
+async def test_an_invalid_answer_from_the_agent_is_an_error_to_its_request_not_passed_on(
+    open_memory_bridge: OpenMemoryBridge, members: str
+) -> None:
+    line = f'{{"jsonrpc":"2.0","id":"asked",{members}}}'
+    with trio.fail_after(30):
+        async with open_memory_bridge() as bridge:
+            await bridge.request("asked", "_test/hang", {})
+            await bridge.request("emit", "_test/emit", {"lines": [line]})
+            first, second = await bridge.receive(), await bridge.receive()
+            answers = {first["id"]: first, second["id"]: second}
+            assert answers["emit"] == {"jsonrpc": "2.0", "id": "emit", "result": {}}
+            refused = answers["asked"]
+            assert refused["error"]["code"] == -32603, refused
+            assert "not valid JSON-RPC" in refused["error"]["message"], refused
+            await still_serving(bridge)
+    assert line.encode() not in bytes(bridge.received).splitlines()
+    assert bridge.stderr().count("dropped a line that is not JSON-RPC") == 1
+
+
+@pytest.mark.parametrize("members", INVALID_ANSWERS.values(), ids=INVALID_ANSWERS.keys())
+async def test_an_invalid_answer_in_an_agent_batch_is_an_error_to_its_request(
+    open_memory_bridge: OpenMemoryBridge, members: str
+) -> None:
+    note = '{"jsonrpc":"2.0","method":"_x/note","params":{}}'
+    line = f'[{{"jsonrpc":"2.0","id":"asked",{members}}},{note}]'
+    with trio.fail_after(30):
+        async with open_memory_bridge() as bridge:
+            await bridge.request("asked", "_test/hang", {})
+            await bridge.request("emit", "_test/emit", {"lines": [line]})
+            seen = [await bridge.receive() for _ in range(3)]
+            batches = [message for message in seen if isinstance(message, list)]
+            answers = {m["id"]: m for m in seen if isinstance(m, dict) and "id" in m}
+            assert batches == [[json.loads(note)]], seen
+            assert answers["emit"]["result"] == {}
+            assert answers["asked"]["error"]["code"] == -32603, answers
+            await still_serving(bridge)
+    assert "dropped a batch member that is not JSON-RPC" in bridge.stderr()
+
+
+async def test_valid_error_answers_from_the_agent_pass_byte_for_byte(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
+    lines = [
+        '{"jsonrpc":"2.0","id":"a","error":{"code":-32000,"message":"no","data":{"x":[1]}}}',
+        '{"error" : {"message":"", "code":0}, "id":"b", "jsonrpc":"2.0"}',
+        '{"jsonrpc":"2.0","id":"c","error":{"code":' + "9" * 5000 + ',"message":"big"}}',
+    ]
+    with trio.fail_after(30):
+        async with open_memory_bridge() as bridge:
+            for request_id in ("a", "b", "c"):
+                await bridge.request(request_id, "_test/hang", {})
+            await bridge.request("emit", "_test/emit", {"lines": lines})
+            received = [await bridge.receive_line() for _ in range(4)]
+            assert received[:3] == [line.encode() for line in lines]
+            await still_serving(bridge)
+
+
+@pytest.mark.parametrize("members", INVALID_ANSWERS.values(), ids=INVALID_ANSWERS.keys())
+async def test_an_invalid_answer_from_the_client_is_refused_and_not_passed_on(
+    open_memory_bridge: OpenMemoryBridge, members: str
+) -> None:
+    with trio.fail_after(30):
+        async with open_memory_bridge() as bridge:
+            await bridge.request(1, "_test/ask_client", {"id": "perm", "method": "x/ask"})
+            asked = await bridge.receive()
+            assert (asked["id"], asked["method"]) == ("perm", "x/ask")
+            line = b'{"jsonrpc":"2.0","id":"perm",%s}' % members.encode()
+            await bridge.send_line(line)
+            error = await bridge.receive()
+            assert error["id"] == "perm" and error["error"]["code"] == INVALID_REQUEST, error
+            await still_serving(bridge)
+            assert line not in agent_received(bridge).splitlines()
+            # The agent still takes a valid answer to its request.
+            await bridge.send_line(b'{"jsonrpc":"2.0","id":"perm","result":{"ok":true}}')
+            assert (await bridge.response_to(1))["result"]["clientSaid"]["result"] == {"ok": True}

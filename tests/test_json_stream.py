@@ -161,6 +161,38 @@ def test_a_top_level_key_split_across_pieces_is_read_whole() -> None:
     assert validator.finish().members == {"jsonrpc": "2.0", "method": "x", "params": Large(dict)}
 
 
+def test_a_top_level_string_split_across_pieces_is_read_whole() -> None:
+    # A read may end inside the method or the id that follows a large member: routing
+    # needs them as they are (a split method was read as "" and an id as too long).
+    line = (
+        b'{"jsonrpc":"2.0","params":{"t":"' + b"x" * 5000 + b'"},'
+        b'"method":"session/n\\u0065w","id":"req-\xc3\xa9-7"}'
+    )
+    for cuts in ([], list(range(1, len(line)))):
+        validator = LineValidator()
+        start = 0
+        for cut in [*cuts, len(line)]:
+            validator.feed(line[start:cut])
+            start = cut
+        envelope = validator.finish()
+        assert envelope.members == {
+            "jsonrpc": "2.0",
+            "params": Large(dict),
+            "method": "session/new",
+            "id": "req-\u00e9-7",
+        }, cuts[:1]
+        assert envelope.kind() is jsonrpc.Kind.REQUEST
+    # A long one still counts as large, however it arrives.
+    long_id = b'{"jsonrpc":"2.0","method":"m","id":"' + b"i" * 2000 + b'"}'
+    for cuts in ([], list(range(1, len(long_id), 100))):
+        validator = LineValidator()
+        start = 0
+        for cut in [*cuts, len(long_id)]:
+            validator.feed(long_id[start:cut])
+            start = cut
+        assert validator.finish().members["id"] == Large(str)
+
+
 def test_numbers_of_any_length_are_judged_as_they_arrive() -> None:
     digits = "7" * 200_000  # far beyond int()'s 4,300 digits
     for number, valid in (
@@ -198,9 +230,13 @@ def test_a_long_integer_id_is_read_from_the_envelope_up_to_a_kibibyte() -> None:
 
 def messages(value: object, rng: random.Random) -> bytes:
     body = spaced(value, rng)
-    if rng.random() < 0.5:
+    roll = rng.random()
+    if roll < 0.4:
         return b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % body
-    return b'{"jsonrpc":"2.0","id":3,"result":%s,"x":1}' % body
+    if roll < 0.7:
+        return b'{"jsonrpc":"2.0","id":3,"result":%s,"x":1}' % body
+    # An error object cut before its code or message (or both) arrived.
+    return b'{"jsonrpc":"2.0","id":3,"error":{"data":%s,"code":-1,"message":"m"}}' % body
 
 
 def check_cut(line: bytes, cuts: list[int]) -> None:
@@ -256,8 +292,16 @@ def test_a_line_judged_to_its_end_holds_back_its_closing_bracket() -> None:
         (b'{"method":"m","params":{"k', b'{"method":"m","params":{"k', b'":null}'),
         (b'{"method":"m","params":{"k":', b'{"method":"m","params":{"k":', b"null}"),
         (b'{"id":4,"result":[[{}', b'{"id":4,"result":[[{}', b"]]"),
+        # A top-level key cut short is closed as none a message has: "error" here would
+        # make an answer with a result and an error, which nothing appended can undo.
+        (b'{"id":4,"result":{},"error', b'{"id":4,"result":{},"error', b'_":null,"id":null}'),
+        (b'{"id":4,"result":{},"err\\u006f', b'{"id":4,"result":{},"err\\u006f', b'_":null'),
+        # An error object cut short is replaced by a whole one (the last of two wins).
+        (b'{"id":4,"error":{"code":1,"data":"ab', b'{"id":4,"error":{"code":1,"data":"ab',
+         b'"},"id":null,"error":{"code":-32603,'),
+        (b'{"id":4,"error":', b'{"id":4,"error":', b'null,"id":null,"error":{"code":-32603,'),
     ],
-)
+)  # fmt: skip
 def test_a_cut_ending_completes_exactly_what_was_judged(
     start: bytes, released: bytes, ending: bytes
 ) -> None:
@@ -266,7 +310,9 @@ def test_a_cut_ending_completes_exactly_what_was_judged(
     assert start[: validator.judged] == released
     cut = validator.cut_ending()
     assert cut is not None and cut.startswith(ending)
-    jsonrpc.parse(released + cut)
+    frame = jsonrpc.parse(released + cut)
+    if frame.method is None:
+        assert frame.kind is jsonrpc.Kind.RESPONSE and frame.id is None
 
 
 def nested(levels: int, opener: bytes, closer: bytes, core: bytes = b"1") -> bytes:

@@ -327,6 +327,68 @@ async def test_a_client_whose_answer_was_cut_is_told() -> None:
         assert (error["id"], error["error"]["code"]) == (21, jsonrpc.INTERNAL_ERROR)
 
 
+LONG_INVALID_ANSWERS = {
+    # JSON-RPC 2.0 forbids a result and an error at once, whichever comes first or is long.
+    "long-result-then-error": b'"result":{"t":"%s"},"error":{"code":1,"message":"x"}',
+    "error-then-long-result": b'"error":{"code":1,"message":"x"},"result":{"t":"%s"}',
+    "long-error-then-result": b'"error":{"code":1,"message":"x","data":"%s"},"result":null',
+    # An error object's code and message, read after its long data.
+    "code-a-string": b'"error":{"data":"%s","code":"1","message":"x"}',
+    "code-a-float": b'"error":{"data":{"t":"%s"},"message":"x","code":1.5}',
+    "message-missing": b'"error":{"code":-32000,"data":["%s"]}',
+    "message-not-a-string": b'"error":{"message":"x","data":"%s","message":null,"code":2}',
+    "error-an-array": b'"error":["%s"]',
+}
+VALID_LONG_ERRORS = [
+    b'"error":{"data":"%s","code":-32000,"message":"x"}',
+    b'"error":{"code":1,"message":"x","data":{"t":["%s"]}}',
+    b'"error":{"code":7,"message":"%s"}',
+    b'"error":{"code":"no","message":2,"data":"%s","code":3,"message":"x"}',
+]
+
+
+async def agent_writes(agent: Any, data: bytes, *, one_read: bool) -> None:
+    """The agent writes ``data`` at once, or as a pipe delivers it in 64 KiB reads."""
+    piece = len(data) if one_read else 64 * 1024
+    for start in range(0, len(data), piece):
+        await agent.send_bytes(data[start : start + piece])
+        await trio.testing.wait_all_tasks_blocked()
+
+
+@pytest.mark.parametrize("one_read", [False, True], ids=["in-pieces", "one-read"])
+@pytest.mark.parametrize("members", LONG_INVALID_ANSWERS.values(), ids=LONG_INVALID_ANSWERS.keys())
+async def test_a_long_answer_json_rpc_forbids_never_reaches_the_client_whose_request_is_told(
+    members: bytes, one_read: bool
+) -> None:
+    async with bridge_over_memory() as (client, agent):
+        await client.send({"jsonrpc": "2.0", "id": 21, "method": "_test/hold", "params": {}})
+        await trio.testing.wait_all_tasks_blocked()
+        answer = b'{"jsonrpc":"2.0","id":21,' + members % (b"a" * MiB) + b"}"
+        await agent_writes(agent, answer + b"\n", one_read=one_read)
+        await client.send({"jsonrpc": "2.0", "id": 22, "method": "_test/echo", "params": {}})
+        lines = [await read_line(client)]
+        while b'"id":22' not in lines[-1]:
+            lines.append(await read_line(client))
+    for line in lines:
+        assert line != answer
+        frame = jsonrpc.parse(line)  # valid JSON-RPC, whatever it is
+        if frame.kind is jsonrpc.Kind.RESPONSE and frame.id is None:
+            assert_cut(line, answer)  # a start passed on, ended as an answer to nothing
+    errors = [m["error"]["code"] for m in map(json.loads, lines) if m.get("id") == 21]
+    assert errors == [jsonrpc.INTERNAL_ERROR]
+
+
+@pytest.mark.parametrize("one_read", [False, True], ids=["in-pieces", "one-read"])
+@pytest.mark.parametrize("members", VALID_LONG_ERRORS)
+async def test_a_long_error_answer_passes_byte_for_byte(members: bytes, one_read: bool) -> None:
+    async with bridge_over_memory() as (client, agent):
+        await client.send({"jsonrpc": "2.0", "id": 23, "method": "_test/hold", "params": {}})
+        await trio.testing.wait_all_tasks_blocked()
+        answer = b'{"jsonrpc":"2.0","id":23,' + members % (b"e" * MiB) + b"}"
+        await agent_writes(agent, answer + b"\n", one_read=one_read)
+        assert await read_line(client) == answer
+
+
 # What a cut line surely passed on: its first STREAM_AFTER bytes but for an escape or a
 # character the first read cut, which waited to be judged.
 SURE_START = STREAM_AFTER - 8

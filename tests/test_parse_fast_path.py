@@ -1,9 +1,11 @@
 """``jsonrpc.parse``'s short path agrees with the long one on every line, valid or not.
 
 ``parse`` reads the usual line through json's C scanner and hands everything else to
-``parse_in_full``; both must give the same frame, or the same error, for any line. Lines
-come from hypothesis: JSON-RPC-shaped objects written with duplicate and escaped keys, odd
-ids, lone surrogates and random whitespace, then mutated byte by byte.
+``parse_in_full``; both must give the same frame, or the same error, for any line. So must
+the streaming validator that reads a long line as it arrives (``json_stream``), however
+the line is split. Lines come from hypothesis: JSON-RPC-shaped objects written with
+duplicate and escaped keys, odd ids, answers with a result and an error or an error object
+of the wrong shape, lone surrogates and random whitespace, then mutated byte by byte.
 How many lines each test draws: :mod:`fuzz_size` (``ACP_BRIDGE_FULL_FUZZ=1`` for all).
 """
 
@@ -18,7 +20,17 @@ from fuzz_size import inputs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, Frame, FrameError, Kind, parse, parse_in_full
+from acp_bridge.wire.json_stream import LineValidator
+from acp_bridge.wire.jsonrpc import (
+    CANCEL_REQUEST,
+    PARSE_ERROR,
+    Frame,
+    FrameError,
+    Kind,
+    NestedTooDeeply,
+    parse,
+    parse_in_full,
+)
 
 WHITESPACE = st.sampled_from(["", "", "", " ", "  ", "\t", "\r", "\n"])
 
@@ -64,6 +76,37 @@ ODD_IDS = ["0", "-0", "-7", "1.0", "1e3", "true", "[]", "{}", '"a\\"b"', '"\\ud8
            '"\\u00e9"', '"é"', "9" * 700]  # fmt: skip
 IDS = st.one_of(st.integers(-5, 10**20).map(str), st.sampled_from(['"s-1"', "null", *ODD_IDS]))
 METHODS = st.sampled_from(["session/update", "session/prompt", CANCEL_REQUEST, 'a"b', ""])
+# An error's code and message: what JSON-RPC requires (an integer, a string) and not.
+CODES = st.one_of(
+    st.integers(-(2**40), 2**40).map(str),
+    st.sampled_from(["-32603", "0", "-0", "9" * 5000, "1.0", "-32000.5", "1e3", "true", "null",
+                     '"1"', "[]", "{}"]),
+)  # fmt: skip
+MESSAGES = st.one_of(
+    TEXTS.map(json.dumps), st.sampled_from(['"x"', "null", "7", "false", "[]", '{"t":"x"}'])
+)
+
+
+@st.composite
+def error_objects(draw: st.DrawFn) -> str:
+    """An error object as text: ``code``, ``message`` and ``data`` each there or not, in any
+    order, sometimes repeated (the last one counts) or with a key escaped."""
+    members = [("code", draw(CODES)), ("message", draw(MESSAGES))]
+    if draw(st.booleans()):
+        members.append(("data", draw(written_values())))
+    members = [member for member in members if draw(st.integers(0, 9)) > 0]
+    for _ in range(draw(st.integers(0, 2))):
+        key = draw(st.sampled_from(["code", "message", "x"]))
+        value = draw(CODES if key == "code" else MESSAGES)
+        members.insert(draw(st.integers(0, len(members))), (key, value))
+    written = []
+    for key, value in draw(st.permutations(members)):
+        ws = [draw(WHITESPACE) for _ in range(2)]
+        written.append(f"{ws[0]}{written_key(draw, key)}:{ws[1]}{value}")
+    return "{" + ",".join(written) + draw(WHITESPACE) + "}"
+
+
+ERRORS = st.one_of(error_objects(), error_objects(), error_objects(), st.deferred(written_values))
 
 
 @st.composite
@@ -78,8 +121,10 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
         members.append(("method", json.dumps(draw(METHODS))))
         if draw(st.booleans()):
             members.append(("params", draw(params(depth))))
-    if shape in ("result", "error"):
+    if shape == "result":
         members.append((shape, draw(written_values())))
+    elif shape == "error":
+        members.append((shape, draw(ERRORS)))
     for _ in range(draw(st.integers(0, 3))):
         key = draw(KEYS)
         if key == "id":
@@ -88,6 +133,8 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
             value = draw(st.one_of(METHODS.map(json.dumps), written_values()))
         elif key == "params":
             value = draw(params(depth))
+        elif key == "error":
+            value = draw(ERRORS)
         else:
             value = draw(written_values())
         members.insert(draw(st.integers(0, len(members))), (key, value))
@@ -192,6 +239,17 @@ SETTINGS = settings(
 @example(b'{"id":1,"result":1}\r\n ')
 @example(b'{"id":' + b"9" * 5000 + b',"result":1}')
 @example(b"[" * 100_000 + b"]" * 100_000)
+@example(b'{"id":1,"result":{},"error":{"code":1,"message":"m"}}')
+@example(b'{"id":1,"error":{"code":1,"message":"m"},"result":null}')
+@example(b'{"id":1,"error":{"code":"1","message":"m"}}')
+@example(b'{"id":1,"error":{"code":1.0,"message":"m"}}')
+@example(b'{"id":1,"error":{"code":true,"message":"m"}}')
+@example(b'{"id":1,"error":{"code":1,"message":null}}')
+@example(b'{"id":1,"error":{"code":1}}')
+@example(b'{"id":1,"error":"m"}')
+@example(b'{"id":1,"error":{"code":1,"message":"m","code":"1"}}')
+@example(b'{"id":1,"error":{"code":' + b"9" * 5000 + b',"message":"m"}}')
+@example(b'{"id":1,"method":"m","result":1,"error":2}')
 def test_parse_agrees_with_parse_in_full_on_generated_lines(raw: bytes) -> None:
     assert_agrees(raw)
 
@@ -223,3 +281,54 @@ def test_parse_reads_the_envelope(
     frame = assert_agrees(raw)
     assert frame is not None
     assert (frame.kind, frame.id, frame.method) == (kind, request_id, method)
+
+
+def streamed_verdict(raw: bytes, cuts: list[int]) -> Kind | FrameError:
+    """What the streaming validator makes of ``raw`` fed in pieces: the kind its envelope
+    reads, or the error."""
+    validator = LineValidator()
+    try:
+        start = 0
+        for cut in [*cuts, len(raw)]:
+            validator.feed(raw[start:cut])
+            start = cut
+        return validator.finish().kind()
+    except FrameError as exc:
+        return exc
+
+
+def assert_streamed_agrees(raw: bytes, cuts: list[int]) -> None:
+    """A line that is one JSON object (not nested too deeply to build) gets the same kind
+    from the envelope the streaming validator reads as from ``parse_in_full``, or is
+    refused by both, whatever pieces it arrives in."""
+    streamed = streamed_verdict(raw, cuts)
+    try:
+        frame = parse_in_full(raw)
+    except NestedTooDeeply:
+        return
+    except FrameError as error:
+        assert isinstance(streamed, FrameError), (raw, cuts, error.message)
+        if error.code == PARSE_ERROR:
+            assert streamed.code == PARSE_ERROR, (raw, cuts, streamed.message)
+        return
+    if frame.kind is Kind.BATCH:
+        assert isinstance(streamed, FrameError)
+        return
+    assert streamed is frame.kind, (raw, cuts, streamed)
+
+
+@SETTINGS
+@given(lines(), st.randoms(use_true_random=False))
+@example(b'{"id":1,"result":{"t":"x"},"error":{"code":1,"message":"m"}}', None)
+@example(b'{"id":1,"error":{"message":"m","data":{"t":[1]},"code":2.5}}', None)
+@example(b'{"id":1,"error":{"code":1,"data":"xyz","message":"m","message":null}}', None)
+@example(b'{"id":1,"error":{"c\\u006fde":1,"data":[[]],"message":"m"}}', None)
+@example(b'{"id":1,"error":{"code":-' + b"7" * 5000 + b',"message":"m","data":[1]}}', None)
+def test_the_streamed_envelope_reads_the_kind_parse_reads(raw: bytes, rng: Any) -> None:
+    raw = raw.replace(b"\n", b"\r")  # a line never holds a newline; \r fares as it would
+    every = list(range(1, len(raw)))
+    splits = [[], every]
+    if rng is not None:
+        splits.append(sorted(rng.sample(every, min(len(every), 4))))
+    for cuts in splits:
+        assert_streamed_agrees(raw, cuts)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from acp_bridge.core.pending import FromClient
-from acp_bridge.core.router import CLIENT, PRIMARY, Router
+from acp_bridge.core.router import AGENT_ANSWER_REFUSED, CLIENT, PRIMARY, Router
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import CANCEL_REQUEST, FrameError, JsonObject, Kind, is_request_id
 
@@ -62,9 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("acp_bridge.long_lines")
 
-AGENT_ANSWER_REFUSED: Final = (
-    "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
-)
 ROUTE_CHANGED: Final = (
     "The bridge could not pass the message on as it came: a member after its large one "
     "changes how it must be routed."
@@ -119,7 +116,7 @@ class LongLines:
         validator = LineValidator()
         try:
             validator.feed(data)
-            if sender != CLIENT and client_gone:
+            if (sender != CLIENT and client_gone) or _answers_both_ways(validator):
                 return None
             receiver = self.receiver(sender, validator.envelope)
         except FrameError:
@@ -129,6 +126,9 @@ class LongLines:
     def piece(self, line: LongLine, data: bytes) -> bytes:
         """The next piece of ``line``: the bytes to write now. FrameError: cut it."""
         line.validator.feed(data)
+        if _answers_both_ways(line.validator):
+            # Cut before the second of the two goes out: no ending could take it back.
+            raise FrameError(jsonrpc.INVALID_REQUEST, jsonrpc.RESULT_AND_ERROR)
         return line.take(data)
 
     def end(self, line: LongLine, data: bytes) -> bytes:
@@ -321,3 +321,11 @@ class LongLines:
             # whole, so it must be gathered whole).
             return router.hops[hop].pending.get(request_id) == FromClient(request_id)
         return False
+
+
+def _answers_both_ways(validator: LineValidator) -> bool:
+    """Whether a line read so far as an answer names both ``result`` and ``error``, which
+    JSON-RPC forbids (a message that names a method is a request or notification)."""
+    if type(validator.envelope.members.get("method")) is str:
+        return False
+    return validator.names_result_and_error()

@@ -56,6 +56,10 @@ log = logging.getLogger("acp_bridge.router")
 
 CLIENT: Final = -1
 
+AGENT_ANSWER_REFUSED: Final = (
+    "The agent's answer was not valid JSON-RPC; the bridge could not pass it on."
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Send:
@@ -164,6 +168,18 @@ def _member_kind(message: Any) -> MemberKind:
         return classify_message(message, b"").kind
     except jsonrpc.FrameError as exc:
         return exc
+
+
+def _meant_as_answer(member: Any) -> bool:
+    """Whether a batch member that is not JSON-RPC was meant as an answer: an id one can
+    be, a ``result`` or an ``error``, no ``method``."""
+    return (
+        isinstance(member, dict)
+        and "method" not in member
+        and ("result" in member or "error" in member)
+        and "id" in member
+        and is_request_id(member["id"])
+    )
 
 
 class Router:
@@ -588,7 +604,13 @@ class Router:
         for member in frame.message:
             kind = _member_kind(member)
             if isinstance(kind, jsonrpc.FrameError):
-                log.warning("agent hop %d: dropped a batch member that is not JSON-RPC", hop)
+                log.warning(
+                    "agent hop %d: dropped a batch member that is not JSON-RPC: %s",
+                    hop,
+                    kind.message,
+                )
+                if _meant_as_answer(member):  # its asker must not wait for ever
+                    self.lose_client_request(hop, member["id"], AGENT_ANSWER_REFUSED)
                 routed = None
             else:
                 routed = self._route_agent(hop, kind, member, None, events)

@@ -21,7 +21,10 @@ no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, n
 any length), except that it has no nesting limit (its stack is a list, not recursion). A
 number is judged as it arrives, by its shape, so a long one costs time linear in its
 length. Of the top-level object it remembers the small members (``jsonrpc``, ``id``,
-``method``) and the type of the large ones, which is what routing needs (:class:`Envelope`).
+``method``) and the type of the large ones, which is what routing needs, and of an
+``error`` member the types of its ``code`` and ``message``, which is what judging an answer
+needs (:class:`Envelope`): it classifies a line as :func:`acp_bridge.wire.jsonrpc.parse`
+does.
 
 What has been judged is known to the byte (:attr:`LineValidator.judged`): a line passed on
 as it arrives releases only judged bytes, and should the line turn out invalid after all,
@@ -112,7 +115,10 @@ class Large:
 
 @dataclass(slots=True)
 class Envelope:
-    """What routing needs of a line: its top-level members, the large ones as :class:`Large`."""
+    """What routing needs of a line: its top-level members, the large ones as :class:`Large`;
+    an ``error`` object as one holding only its ``code`` and ``message``, texts replaced
+    by an empty one and containers by an empty one of their type (what
+    :func:`jsonrpc.answer_fault` judges of it)."""
 
     members: dict[str, Any] = field(default_factory=dict)
     is_object: bool = False
@@ -156,7 +162,8 @@ class LineValidator:
         self._stack: list[bool] = []  # True: an object, False: an array
         self._expect = _VALUE
         self._in_key = False  # the string being skipped is an object key
-        self._key_text: list[str] | None = None  # a top-level key being skipped, so far
+        # A top-level key, or a top-level member's string value, being skipped, so far.
+        self._string_text: list[str] | None = None
         self._key: str | None = None  # the top-level key whose value comes next
         self._controls = False  # tabs or carriage returns arrived (checked inside strings)
         self._started = False
@@ -169,6 +176,7 @@ class LineValidator:
         # The depth of the open container too long for json's scanner to judge at once
         # (-1: none): the containers inside it get only the short look.
         self._too_long_at = -1
+        self._error: _ErrorObject | None = None  # the top-level error object, entered
         self.envelope = Envelope()
 
     @property
@@ -184,53 +192,14 @@ class LineValidator:
         return self._fed - len(self._text.encode()) - len(waiting)
 
     def cut_ending(self) -> bytes | None:
-        """What ends the judged bytes as one valid JSON-RPC message that the receiver
-        ignores: the values and containers left open are closed with ``null`` or what
-        completes them, and the top-level object gets a second member of the same name
-        as the one that made it a message, which replaces it for a JSON reader (the last
-        of two members wins; a strict one refuses the line): ``method`` becomes
-        :data:`CUT_METHOD` with empty params, an answer's ``id`` becomes null (and it gets
-        a null ``result`` if it had none yet). None when
-        the bytes judged are not inside a top-level object of either kind."""
-        stack = self._stack
-        members = self.envelope.members
-        if self._expect == _DONE:
-            if not self.envelope.is_object:
-                return None
-            closing, has_member = "", self._top_members > 0
-        elif not stack or not stack[0]:
-            return None
-        else:
-            closing, has_member = self._closing()
-        if type(members.get("method")) is str:
-            override = f'"method":"{CUT_METHOD}","params":{{}}'
-        elif "id" in members:
-            override = '"id":null'
-            if "result" not in members and "error" not in members:
-                override += ',"result":null'
-        else:
-            return None
-        return (closing + ("," if has_member else "") + override + "}").encode()
+        """What ends the judged bytes as one valid JSON-RPC message the receiver ignores
+        (see :func:`_cut_ending`); None when nothing can."""
+        return _cut_ending(self)
 
-    def _closing(self) -> tuple[str, bool]:
-        """The text that completes the value in progress and closes the containers inside
-        the top-level object; whether that object then has a member."""
-        expect = self._expect
-        if expect == _STRING:
-            parts = ['":null' if self._in_key else '"']
-        elif expect == _NUMBER_GOES_ON:
-            parts = ["" if _NUMBER.fullmatch(self._number_shape) else "0"]
-        elif expect == _COLON:
-            parts = [":null"]
-        elif expect == _VALUE:
-            parts = ["null"]
-        elif expect == _KEY:
-            parts = ['"":null']
-        else:  # _FIRST_KEY, _FIRST_VALUE, _AFTER_VALUE: nothing is open
-            parts = []
-        parts += ["}" if is_object else "]" for is_object in reversed(self._stack[1:])]
-        empty_top = len(self._stack) == 1 and expect == _FIRST_KEY
-        return "".join(parts), not empty_top
+    def names_result_and_error(self) -> bool:
+        """Whether what is judged names both ``result`` and ``error`` at the top level, which
+        no JSON-RPC message does (and no ending can take back)."""
+        return _answer_keys(self) == (True, True)
 
     # ------------------------------------------------------------------ input
 
@@ -241,7 +210,12 @@ class LineValidator:
             if controls.strip(_WHITESPACE_CONTROLS):
                 raise _invalid("a control character outside the JSON grammar")
             self._controls = True
-        elif self._expect == _STRING and not self._in_key and not self._text:
+        elif (
+            self._expect == _STRING
+            and not self._in_key
+            and not self._text
+            and self._string_text is None
+        ):
             data = self._skip_string_bytes(data)
             if not data:
                 return
@@ -340,6 +314,8 @@ class LineValidator:
         if char == "]" and self._expect == _FIRST_VALUE:
             self._close()
             return pos + 1
+        if self._error is not None and len(self._stack) == 2:
+            self._error.value_starts(char)
         if self._unscanned and char in "[{" and len(self._stack) >= 2:
             # Deep nesting: a run of openings at a time.
             run = (_BRACKETS if char == "[" else _OPENERS).match(text, pos)
@@ -410,6 +386,8 @@ class LineValidator:
             value = _number_value("".join(self._number_text))
         elif len(self._stack) == 1 and self._key is not None:
             value = Large(int)
+        if self._error is not None and self._error.number is not None:
+            self._error.number_ends(self._number_shape)
         self._number_shape = ""
         self._number_text = None
         self._value_done(value)
@@ -428,7 +406,10 @@ class LineValidator:
                 self._close()
             elif char == '"':
                 self._in_key = True
-                self._key_text = [] if len(self._stack) == 1 else None
+                depth = len(self._stack)
+                self._string_text = (
+                    [] if depth == 1 or (depth == 2 and self._error is not None) else None
+                )
                 self._expect = _STRING
             else:
                 raise _invalid(f"expected a property name, got {char!r}")
@@ -444,18 +425,7 @@ class LineValidator:
         that does not end within the text held), or -1 to wait for more text."""
         char = text[pos]
         if char == '"':
-            after = self._string(text, pos + 1, final)
-            if after >= 0 and after - pos <= _SMALL:
-                value, after = _scan_once(text, pos)
-                self._value_done(value)
-                return after
-            if after >= 0:
-                self._value_done(Large(str))
-                return after
-            self._open(Large(str))
-            self._in_key = False
-            self._expect = _STRING
-            return -after - 1  # where the string's text stops (it is judged up to there)
+            return self._string_value(text, pos, final)
         if char in {"{", "["}:
             long_look = self._too_long_at < 0
             try:
@@ -508,6 +478,25 @@ class LineValidator:
         self._value_done(value)
         return after
 
+    def _string_value(self, text: str, pos: int, final: bool) -> int:
+        """Read a string value at ``pos``: the position after it, or where its text stops
+        in the text held (judged up to there) when it does not end within it."""
+        if len(self._stack) == 1 and self._key is not None:
+            self._string_text = []  # kept should it not end in the text held
+        after = self._string(text, pos + 1, final)
+        if after < 0:
+            self._open(Large(str))
+            self._in_key = False
+            self._expect = _STRING
+            return -after - 1
+        self._string_text = None
+        if after - pos <= _SMALL:
+            value, after = _scan_once(text, pos)
+            self._value_done(value)
+        else:
+            self._value_done(Large(str))
+        return after
+
     def _string(self, text: str, pos: int, final: bool) -> int:
         """Skip string text from ``pos``: the position after the closing quote, or
         ``-(resume + 1)`` when the text held ends first."""
@@ -543,45 +532,60 @@ class LineValidator:
         return self._string_cut(text, pos, cut)
 
     def _string_cut(self, text: str, pos: int, resume: int) -> int:
-        if self._key_text is not None:
-            self._key_text.append(text[pos:resume])
-            if sum(map(len, self._key_text)) > _SMALL:
-                self._key_text = None  # no key routing looks at is this long
+        if self._string_text is not None:
+            self._string_text.append(text[pos:resume])
+            if sum(map(len, self._string_text)) > _SMALL:
+                self._string_text = None  # no key or value routing reads is this long
         return -(resume + 1)
 
     def _string_done(self, text: str, pos: int, after: int) -> None:
         """A string skipped in :meth:`_string` has ended at ``after``."""
         if not self._in_key:
+            if self._string_text is not None and self._key is not None:
+                # A top-level member's value, short after all (as one held whole would be).
+                raw = "".join(self._string_text) + text[pos : after - 1]
+                self._string_text = None
+                if len(raw) + 2 <= _SMALL:
+                    self.envelope.members[self._key] = _scan_once('"' + raw + '"', 0)[0]
             self._value_done(_UNKNOWN)
             return
         self._in_key = False
         self._expect = _COLON
-        if len(self._stack) != 1:
+        depth = len(self._stack)
+        if depth != 1 and (depth != 2 or self._error is None):
             return
-        if self._key_text is not None:
-            raw = "".join(self._key_text) + text[pos : after - 1]
-            self._key = _scan_once('"' + raw + '"', 0)[0]
-            self._key_text = None
-        else:
-            self._key = None  # too long to be one routing reads
+        key: str | None = None  # too long to be one routing reads
+        if self._string_text is not None:
+            raw = "".join(self._string_text) + text[pos : after - 1]
+            key = _scan_once('"' + raw + '"', 0)[0]
+            self._string_text = None
+        if depth == 1:
+            self._key = key
+        elif self._error is not None:  # depth 2: a key of the error object
+            self._error.key = key
 
     def _open(self, large: Large) -> None:
         """A value that does not end within the text held starts here."""
         if len(self._stack) == 1 and self._key is not None:
             self.envelope.members[self._key] = large
             self.envelope.open_member = self._key
+            if self._key == "error" and large.type is dict:
+                self._error = _ErrorObject()
 
     def _close(self) -> None:
         self._stack.pop()
         if len(self._stack) <= self._too_long_at:
             self._too_long_at = -1
+        if self._error is not None and len(self._stack) == 1:
+            self.envelope.members["error"] = self._error.kept
+            self._error = None
         self._value_done(_UNKNOWN)
 
     def _value_done(self, value: Any) -> None:
         depth = len(self._stack)
         if depth == 0 and type(value) is dict:  # the whole line was held: read at once
             self.envelope.is_object = True
-            self.envelope.members = {key: _kept(item) for key, item in value.items()}
+            self.envelope.members = {key: _member(key, item) for key, item in value.items()}
             self._top_members = len(value)
         if depth == 1:
             self._top_members += 1
@@ -590,9 +594,110 @@ class LineValidator:
                 if self.envelope.open_member == key:
                     self.envelope.open_member = None
                 elif value is not _UNKNOWN:
-                    self.envelope.members[key] = _kept(value)
+                    self.envelope.members[key] = _member(key, value)
             self._key = None
         self._expect = _DONE if depth == 0 else _AFTER_VALUE
+
+
+class _ErrorObject:
+    """The top-level ``error`` object of a line, entered token by token: what the envelope
+    keeps of it (:func:`_member`), as it arrives."""
+
+    __slots__ = ("kept", "key", "number")
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+        self.key: str | None = None  # its own key whose value comes next
+        self.number: str | None = None  # the key whose number is still arriving
+
+    def value_starts(self, char: str) -> None:
+        """A value of the object starts with ``char``: kept if it is the ``code`` or the
+        ``message``, by its type (a number's once it has ended, :meth:`number_ends`)."""
+        key, self.key = self.key, None
+        if key not in ("code", "message"):
+            return
+        if char in _NUMBER_START:
+            self.number = key
+            self.kept[key] = 0
+        elif char in _LITERALS:
+            self.kept[key] = _LITERALS[char]
+        else:
+            self.kept[key] = "" if char == '"' else {} if char == "{" else []
+
+    def number_ends(self, shape: str) -> None:
+        """The number of :attr:`number` has ended; ``shape`` is its shape."""
+        if self.number is not None:
+            self.kept[self.number] = 0.0 if _FRACTION.search(shape) else 0
+            self.number = None
+
+
+def _cut_ending(validator: LineValidator) -> bytes | None:
+    """What ends the judged bytes of ``validator`` as one valid JSON-RPC message that the
+    receiver ignores: the values and containers left open are closed with ``null`` or what
+    completes them, and the top-level object gets a second member of the same name as the
+    one that made it a message, which replaces it for a JSON reader (the last of two
+    members wins; a strict one refuses the line): ``method`` becomes :data:`CUT_METHOD`
+    with empty params, an answer's ``id`` becomes null (and it gets a null ``result`` if it
+    had none yet, or a whole ``error`` after one that may be incomplete). None when the
+    bytes judged are not inside a top-level object of either kind, or name both ``result``
+    and ``error`` (see :meth:`LineValidator.names_result_and_error`)."""
+    stack = validator._stack
+    envelope = validator.envelope
+    members = envelope.members
+    if validator._expect == _DONE:
+        if not envelope.is_object:
+            return None
+        closing, has_member = "", validator._top_members > 0
+    elif not stack or not stack[0]:
+        return None
+    else:
+        closing, has_member = _closing(validator)
+    if type(members.get("method")) is str:
+        override = f'"method":"{CUT_METHOD}","params":{{}}'
+    elif "id" in members:
+        override = '"id":null'
+        result, error = _answer_keys(validator)
+        if result and error:
+            return None  # a line is never released this far (LongLines.piece)
+        if error:
+            # Its error object may lack what JSON-RPC requires: one that does not.
+            override += _CUT_ERROR
+        elif not result:
+            override += ',"result":null'
+    else:
+        return None
+    return (closing + ("," if has_member else "") + override + "}").encode()
+
+
+def _answer_keys(validator: LineValidator) -> tuple[bool, bool]:
+    """Whether the top-level object names ``result``, and ``error``: as a member, or as the
+    key whose value comes next."""
+    members, key = validator.envelope.members, validator._key
+    return ("result" in members or key == "result"), ("error" in members or key == "error")
+
+
+def _closing(validator: LineValidator) -> tuple[str, bool]:
+    """The text that completes the value in progress and closes the containers inside the
+    top-level object; whether that object then has a member."""
+    expect, stack, in_key = validator._expect, validator._stack, validator._in_key
+    if expect == _STRING:
+        # A top-level key is closed as one no message has (an underscore added): ``"error``
+        # closed as ``"error"`` would name a member the ending cannot take back.
+        top_key = in_key and len(stack) == 1
+        parts = ['_":null' if top_key else '":null' if in_key else '"']
+    elif expect == _NUMBER_GOES_ON:
+        parts = ["" if _NUMBER.fullmatch(validator._number_shape) else "0"]
+    elif expect == _COLON:
+        parts = [":null"]
+    elif expect == _VALUE:
+        parts = ["null"]
+    elif expect == _KEY:
+        parts = ['"":null']
+    else:  # _FIRST_KEY, _FIRST_VALUE, _AFTER_VALUE: nothing is open
+        parts = []
+    parts += ["}" if is_object else "]" for is_object in reversed(stack[1:])]
+    empty_top = len(stack) == 1 and expect == _FIRST_KEY
+    return "".join(parts), not empty_top
 
 
 def judge(raw: bytes) -> tuple[Envelope, FrameError | None]:
@@ -670,6 +775,11 @@ def _escape_safe_cut(text: str, pos: int) -> int:
 
 
 _NUMBER_START: Final = frozenset("-0123456789")
+_FRACTION: Final = re.compile(r"[.eE]")  # in a number's shape: not an integer
+_LITERALS: Final = {"t": True, "f": False, "n": None}
+# What ends a cut answer whose error object may be incomplete: the last of two members of
+# one name wins, so this one is its error.
+_CUT_ERROR: Final = ',"error":{"code":-32603,"message":"The answer was cut short."}'
 
 
 def _shorten_digits(run: re.Match[str]) -> str:
@@ -682,6 +792,21 @@ def _number_value(text: str) -> Any:
     if any(char in text for char in ".eE"):
         return float(text)
     return jsonrpc._parse_int(text)
+
+
+def _member(key: str, value: Any) -> Any:
+    """A top-level member as the envelope keeps it (see :class:`Envelope`)."""
+    if key == "error" and type(value) is dict:
+        return {name: _error_part(value[name]) for name in ("code", "message") if name in value}
+    return _kept(value)
+
+
+def _error_part(value: Any) -> Any:
+    if isinstance(value, str):
+        return ""
+    if isinstance(value, (dict, list)):
+        return type(value)()
+    return value
 
 
 def _kept(value: Any) -> Any:

@@ -28,6 +28,7 @@ INTERNAL_ERROR: Final = -32603
 REQUEST_CANCELLED: Final = -32800
 
 CANCEL_REQUEST: Final = "$/cancel_request"
+RESULT_AND_ERROR: Final = "An answer must carry a result or an error, not both."
 
 
 class Kind(enum.Enum):
@@ -156,10 +157,32 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
     if "id" in message and ("result" in message or "error" in message):
         if not is_request_id(request_id):
             raise FrameError(INVALID_REQUEST, "The id must be a string, number or null.")
+        fault = answer_fault(message)
+        if fault is not None:
+            raise FrameError(INVALID_REQUEST, fault, readable_id)
         return Frame(raw, message, Kind.RESPONSE)
     raise FrameError(
         INVALID_REQUEST, "The message is neither a request, notification nor response.", readable_id
     )
+
+
+def answer_fault(message: JsonObject) -> str | None:
+    """What JSON-RPC 2.0 forbids in an answer's ``result`` and ``error`` (None: nothing):
+    both at once, or an error that is not an object with an integer ``code`` and a
+    string ``message`` (its ``data`` may be anything)."""
+    if "error" not in message:
+        return None
+    if "result" in message:
+        return RESULT_AND_ERROR
+    error = message["error"]
+    if not isinstance(error, dict):
+        return "The error must be an object."
+    code = error.get("code")
+    if not (isinstance(code, LongInteger) or (isinstance(code, int) and type(code) is not bool)):
+        return "The error's code must be an integer."
+    if not isinstance(error.get("message"), str):
+        return "The error's message must be a string."
+    return None
 
 
 def _reject_constant(name: str) -> Any:
@@ -227,10 +250,21 @@ def _classify_short(raw: bytes, message: JsonObject) -> Frame | None:
             request_id = message["id"]
             if request_id is None or type(request_id) in (str, int):
                 return Frame(raw, message, Kind.REQUEST)
-    elif method is None and "id" in message and ("result" in message or "error" in message):
+    elif method is None and "id" in message:
         request_id = message["id"]
-        if request_id is None or type(request_id) in (str, int):
-            return Frame(raw, message, Kind.RESPONSE)
+        if request_id is not None and type(request_id) not in (str, int):
+            return None
+        if "result" in message:
+            if "error" not in message:
+                return Frame(raw, message, Kind.RESPONSE)
+        elif "error" in message:
+            error = message["error"]
+            if (
+                type(error) is dict
+                and type(error.get("code")) is int
+                and type(error.get("message")) is str
+            ):
+                return Frame(raw, message, Kind.RESPONSE)
     return None
 
 
