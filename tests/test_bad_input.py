@@ -351,3 +351,24 @@ async def test_an_invalid_answer_from_the_client_is_refused_and_not_passed_on(
             # The agent still takes a valid answer to its request.
             await bridge.send_line(b'{"jsonrpc":"2.0","id":"perm","result":{"ok":true}}')
             assert (await bridge.response_to(1))["result"]["clientSaid"]["result"] == {"ok": True}
+
+
+async def test_a_dropped_answer_is_logged_by_its_fault_and_id_not_its_text(
+    open_memory_bridge: OpenMemoryBridge,
+) -> None:
+    # What an answer carries may be the prompt (an agent echoing what it was given): the
+    # log names why the line was dropped and what it answered, never its content.
+    line = json.dumps(
+        {"jsonrpc": "2.0", "id": "asked", "result": {"text": "Be brief, MARKER-1."},
+         "error": {"code": 1, "message": "MARKER-2", "data": "MARKER-3"}}
+    )  # fmt: skip
+    with trio.fail_after(30):
+        async with open_memory_bridge() as bridge:
+            await bridge.request("asked", "_test/hang", {})
+            await bridge.request("emit", "_test/emit", {"lines": [line]})
+            assert (await bridge.response_to("asked"))["error"]["code"] == -32603
+            await still_serving(bridge)
+    stderr = bridge.stderr()
+    assert "MARKER" not in stderr, stderr
+    assert "dropped a line that is not JSON-RPC" in stderr
+    assert "result or an error, not both" in stderr and "'asked'" in stderr, stderr

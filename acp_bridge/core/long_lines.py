@@ -225,12 +225,11 @@ class LongLines:
             answered = fault or error
             self.router.answer_error(answered.request_id, answered.code, answered.message)
         else:
-            preview = raw[:200].decode(errors="replace")
             log.warning(
                 "agent hop %d: dropped a line that is not JSON-RPC (%s): %s",
                 sender,
                 (fault or error).message,
-                preview,
+                _shown(raw, envelope, valid_json=fault is None),
             )
             self.refused(sender, envelope)
         return None
@@ -329,3 +328,14 @@ def _answers_both_ways(validator: LineValidator) -> bool:
     if type(validator.envelope.members.get("method")) is str:
         return False
     return validator.names_result_and_error()
+
+
+def _shown(raw: bytes, envelope: Envelope, *, valid_json: bool) -> str:
+    """What the log shows of an agent line it dropped: of a message (valid JSON), which may
+    carry the prompt, only its id; of anything else (an agent's stray output), its start."""
+    if not valid_json:
+        return raw[:200].decode(errors="replace")
+    members = envelope.members
+    if "id" in members and is_request_id(members["id"]):
+        return f"id {members['id']!r}, its content not logged"
+    return "its content not logged"
