@@ -312,9 +312,11 @@ def main() -> None:
         if args.grandchild_spawns_late:
             # codex's shell snapshot: a login shell in a session of its own whose profile
             # starts more processes (in its group) after the agent may have exited.
+            # The agent's pid is written in, not read at the grandchild's start: an agent
+            # told EOF at once may have exited before its grandchild's Python is up.
             code = (
                 "import os, subprocess, sys, time\n"
-                "parent = os.getppid()\n"
+                f"parent = {os.getpid()}\n"
                 "while os.getppid() == parent:\n"
                 "    time.sleep(0.01)\n"
                 "late = subprocess.Popen(\n"
