@@ -1,6 +1,7 @@
 """Shared fixtures: a bridge in front of ``tests/fake_agent.py``, spoken to in raw lines.
 
-``open_bridge`` starts ``python -m acp_bridge`` with a throw-away config and session store,
+``open_bridge`` starts ``python -m acp_bridge`` (forked from a process that has already
+imported the bridge: ``preloaded``) with a throw-away config and session store,
 gives the test the raw byte streams (tests assert on exact bytes), and on the way out makes
 sure no process it started is left running, whatever the test did. ``open_memory_bridge``
 gives the same streams with no process: the runtime in this process, configured from the
@@ -15,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import preloaded
 import process_report
 import pytest
 import trio
@@ -30,6 +31,7 @@ import trio.testing
 import yaml
 from bridge_cli import isolated_env, write_verify_config
 from memory_agent import FAKE_PYTHON, ScriptedAgent, ScriptedSpawner
+from preloaded import PreloadedProcess
 
 from acp_bridge.commands.cli import make_tracer, resolve_runtime
 from acp_bridge.runtime.relay import Bridge
@@ -66,6 +68,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for package in (acp_bridge.__file__, acp_bridge.adapters.__file__):
         compileall.compile_dir(Path(package).parent, quiet=1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The server bridges were forked from exits (and is waited for) before the report."""
+    preloaded.end_session()
 
 
 def pid_alive(pid: int) -> bool:
@@ -183,7 +190,7 @@ class BridgeLines:
 class RunningBridge(BridgeLines):
     """A bridge subprocess (``python -m acp_bridge``) in front of ``tests/fake_agent.py``."""
 
-    process: trio.Process = field(kw_only=True)
+    process: trio.Process | PreloadedProcess = field(kw_only=True)
     stderr_path: Path = field(kw_only=True)
 
     @property
@@ -295,20 +302,8 @@ async def open_bridge(tmp_path: Path, bridge_env: dict[str, str]) -> AsyncIterat
         )
         stderr_path = directory / "bridge-stderr"
         with stderr_path.open("wb") as stderr:
-            process = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "acp_bridge",
-                    *config_args,
-                    *bridge_args,
-                    "--",
-                    *argv,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=bridge_env,
+            process = await preloaded.start_bridge(
+                [*config_args, *bridge_args, "--", *argv], env=bridge_env, stderr=stderr
             )
         bridge = RunningBridge(directory, process=process, stderr_path=stderr_path)
         started.append(bridge)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,11 +21,12 @@ from typing import Any, Final
 import trio
 import trio.testing
 from memory_agent import FAKE_PYTHON, ScriptedSpawner
+from preloaded import bridge_client
 from schema import validate_agent_frame, validate_initialize_response
 
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.runtime.client import AcpClient, connect, spawn_bridge
+from acp_bridge.runtime.client import AcpClient, connect
 from acp_bridge.runtime.relay import Bridge, BridgeOptions
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
@@ -245,9 +245,10 @@ def bridge_env(home: Path) -> dict[str, str]:
 async def bridge_process(
     agent: FakeAgent, *options: str, home: Path, version: int = 1
 ) -> AsyncIterator[Peer]:
-    """``python -m acp_bridge OPTIONS -- fake_agent ...`` as a subprocess."""
-    argv = [sys.executable, "-m", "acp_bridge", *options, "--", *agent.argv()]
-    async with spawn_bridge(argv, bridge_env(home)) as (client, _process):
+    """``python -m acp_bridge OPTIONS -- fake_agent ...`` as a process (forked from one that
+    has imported the bridge: ``preloaded``)."""
+    args = [*options, "--", *agent.argv()]
+    async with bridge_client(args, bridge_env(home)) as (client, _process):
         yield Peer(client, version)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+import preloaded
 import pytest
 
 OPTION = "--report-processes"
@@ -88,6 +89,18 @@ class ProcessReport:
             self._wrap(os, name)
         # multiprocessing's spawn calls it directly (subprocess holds its own reference).
         self._wrap(_posixsubprocess, "fork_exec")
+        # A bridge forked by the preloaded server: a start, and CPU this process's own
+        # accounting sees only once the server has exited.
+        self._wrap(preloaded, "_request_fork")
+        charge_cpu = preloaded.charge_cpu
+
+        def charged(seconds: float) -> None:
+            if self.current is not None:
+                self.current.cpu += seconds
+            charge_cpu(seconds)
+
+        preloaded.charge_cpu = charged
+        self._restore.append(lambda: setattr(preloaded, "charge_cpu", charge_cpu))
 
     def uninstall(self) -> None:
         while self._restore:

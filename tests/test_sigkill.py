@@ -24,6 +24,7 @@ import trio
 from agent_processes import live_processes
 from conftest import RunningBridge, fake_agent_argv
 from memory_agent import FAKE_PYTHON
+from preloaded import PreloadedProcess, start_bridge
 
 # A killed bridge's agents, their children and its watchdogs must be gone by then.
 NO_SURVIVOR_AFTER = 2.0
@@ -39,17 +40,26 @@ async def survivors(entry: str, seconds: float) -> list[int]:
     return found
 
 
-async def open_cli(args: list[str], env: dict[str, str], directory: Path) -> RunningBridge:
-    """``python -m acp_bridge ARGS`` with the raw test streams."""
+async def open_cli(
+    args: list[str], env: dict[str, str], directory: Path, *, started: bool = False
+) -> RunningBridge:
+    """``python -m acp_bridge ARGS`` with the raw test streams. ``started``: a trial that
+    kills it once it is running, not while it starts, forks it from a process that has
+    already imported it (``preloaded``)."""
     stderr_path = directory / "bridge-stderr"
     with stderr_path.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "acp_bridge", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-        )
+        if started:
+            process: trio.Process | PreloadedProcess = await start_bridge(
+                args, env=env, stderr=stderr
+            )
+        else:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "acp_bridge", *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+            )
     return RunningBridge(directory, process=process, stderr_path=stderr_path)
 
 
@@ -140,14 +150,20 @@ def private_folders(temporary: Path) -> list[str]:
 
 
 async def open_pooled_cli(
-    tmp_path: Path, env: dict[str, str], *bridge_args: str, name: str = "bridge"
+    tmp_path: Path,
+    env: dict[str, str],
+    *bridge_args: str,
+    name: str = "bridge",
+    started: bool = True,
 ) -> RunningBridge:
     directory = tmp_path / name
     directory.mkdir()
     records = directory / "records"
     records.mkdir()
     agent = [*FAKE_PYTHON, str(FAKE_CODEX), "--record-dir", str(records)]
-    return await open_cli(["--state", ":memory:", *bridge_args, "--", *agent], env, directory)
+    return await open_cli(
+        ["--state", ":memory:", *bridge_args, "--", *agent], env, directory, started=started
+    )
 
 
 def override(text: str) -> dict[str, Any]:
@@ -285,13 +301,17 @@ async def test_a_bridge_sigkilled_at_any_moment_leaves_no_process_and_no_private
     tmp_path: Path, bridge_env: dict[str, str], pooled: bool, moment: str, delay: float
 ) -> None:
     env, entry, temporary = pooled_env(bridge_env, tmp_path)
+    # Killed while it starts (up to the initialize answer): the command as an editor runs it.
+    started = STEPS.index(moment) > STEPS.index("answer")
     if pooled:
-        bridge = await open_pooled_cli(tmp_path, env)
+        bridge = await open_pooled_cli(tmp_path, env, started=started)
     else:
         directory = tmp_path / "bridge"
         directory.mkdir()
         agent = fake_agent_argv(directory, "--ignore-eof", "--ignore-term", grandchild=True)
-        bridge = await open_cli(["--state", ":memory:", "--", *agent], env, directory)
+        bridge = await open_cli(
+            ["--state", ":memory:", "--", *agent], env, directory, started=started
+        )
     try:
         with trio.fail_after(30):
             await live_until(bridge, moment, pooled, tmp_path)

@@ -20,10 +20,10 @@ import trio
 from click.testing import CliRunner
 from harness import AGENT_NAME, TIMEOUT, FakeAgent, bridge_env, wire_prompt
 from memory_agent import FAKE_PYTHON
+from preloaded import bridge_client
 
 from acp_bridge.commands.sessions_cli import sessions
 from acp_bridge.core.system_prompt import SystemPrompt
-from acp_bridge.runtime.client import spawn_bridge
 from acp_bridge.state.store import SCHEMA_VERSION, SessionStore, StoreError
 
 PROMPT = SystemPrompt.of_text("append", "Be terse.")
@@ -290,9 +290,9 @@ async def test_sessions_list_after_a_bridge_was_sigkilled_shows_them_not_live(
 ) -> None:
     state = str(tmp_path / "state.db")
     agent = FakeAgent(tmp_path / "agent.jsonl")
-    argv = [sys.executable, "-m", "acp_bridge", "--state", state, "--", *agent.argv()]
+    args = ["--state", state, "--", *agent.argv()]
     with trio.fail_after(TIMEOUT):
-        async with spawn_bridge(argv, bridge_env(tmp_path)) as (client, process):
+        async with bridge_client(args, bridge_env(tmp_path)) as (client, process):
             await client.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
             params = {"cwd": "/", "mcpServers": [], "systemPrompt": wire_prompt("x")}
             session_id = (await client.request("session/new", params))["sessionId"]
