@@ -51,7 +51,7 @@ from typing import IO, Any, Final
 import trio
 
 import acp_bridge.__main__ as entry
-from acp_bridge.runtime.client import AcpClient, connect
+from acp_bridge.runtime.client import AcpClient, client_of
 
 # The request: a JSON header and, as SCM_RIGHTS, the child's stdin, stdout and stderr.
 MAX_REQUEST: Final = 1 << 20
@@ -364,22 +364,10 @@ async def start_bridge(
 async def bridge_client(
     args: Sequence[str], env: Mapping[str, str]
 ) -> AsyncIterator[tuple[AcpClient, PreloadedProcess]]:
-    """:func:`acp_bridge.runtime.client.spawn_bridge` for a forked bridge: a client on its
-    pipes; on the way out its stdin is closed and it is waited for (killed after 10 s)."""
+    """:func:`acp_bridge.runtime.client.spawn_bridge` for a forked bridge."""
     process = await start_bridge(args, env=env)
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        async with connect(process.stdin, process.stdout) as client:
-            yield client, process
-    finally:
-        with trio.CancelScope(shield=True):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await process.stdin.aclose()
-            with trio.move_on_after(10):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+    async with client_of(process) as client:
+        yield client, process
 
 
 def end_session() -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -174,6 +174,38 @@ async def connect(
         raise failure
 
 
+class Started(Protocol):
+    """A started process with pipes to its stdin and stdout (``trio.Process`` is one)."""
+
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+    def kill(self) -> None: ...
+
+
+@asynccontextmanager
+async def client_of(process: Started) -> AsyncIterator[AcpClient]:
+    """A client on a started process's pipes. On the way out the process's stdin is closed
+    and it is waited for, and killed if it has not exited within 10 s."""
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        async with connect(process.stdin, process.stdout) as client:
+            yield client
+    finally:
+        with trio.CancelScope(shield=True):
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await process.stdin.aclose()
+            with trio.move_on_after(10):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
 @asynccontextmanager
 async def spawn_bridge(
     argv: Sequence[str], env: dict[str, str] | None = None
@@ -184,16 +216,5 @@ async def spawn_bridge(
     process = await trio.lowlevel.open_process(
         list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        async with connect(process.stdin, process.stdout) as client:
-            yield client, process
-    finally:
-        with trio.CancelScope(shield=True):
-            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await process.stdin.aclose()
-            with trio.move_on_after(10):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+    async with client_of(process) as client:
+        yield client, process
