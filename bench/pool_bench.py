@@ -23,20 +23,22 @@ round), against the embedded model endpoint (each preset's ``verify:`` section i
   (the median of ``--seen`` calls, default three), and the CPU time the bridge process
   spent per such call (``peer_bench.cpu_seconds``; unlike the wall-clock rows it hardly
   depends on the load);
-* **direct beside it**: the agent alone, started with each new prompt's process (its
-  ``initialize`` before, its first ``session/new`` after the new prompt's), its
-  ``session/new`` calls taken in turn with the seen-prompt calls (as many, their median).
-  Both run on processes of the same age, behind the same earlier calls and at the
-  same moment's load; a ``session/new`` leaves work running behind its answer (codex-acp
-  0.16 starts login shells for its environment snapshot) that slows whatever comes next on
-  a small machine, and the direct row above is measured in another phase. **seen/beside**
-  is the fair ratio for a seen prompt.
-* **direct with the prompt**: a third agent alone, started (after the new prompt's call) as
-  the bridge starts the process for that prompt (the adapter's own ``process_config``: the
-  same arguments, variables and files in a private folder), its ``session/new`` calls taken
-  in turn with the other two. An agent may work more per session with a prompt than
-  without (Copilot reads its instructions folders at each ``session/new``);
-  **seen/prompted** leaves that out.
+* **direct beside it**: the agent alone, started after each new prompt's call (so that the
+  call shares the machine only with what a user's bridge runs), its ``session/new`` calls
+  taken in turn with the seen-prompt calls (as many, their median). Both run behind the
+  same earlier calls and at the same moment's load; a ``session/new`` leaves work running
+  behind its answer (codex-acp 0.16 starts login shells for its environment snapshot) that
+  slows whatever comes next on a small machine, and the direct row above is measured in
+  another phase. **seen/beside** is the fair ratio for a seen prompt.
+* **cold start with the prompt**, **direct with the prompt**: an agent alone, started
+  after the new prompt's call as the bridge starts the process for that prompt (the
+  adapter's own ``process_config``: the same arguments, variables and files in a private
+  folder): spawn -> ``initialize`` -> ``session/new`` answered, at the same moment of the
+  bridge's life as the new prompt (its earlier processes still running), then its
+  ``session/new`` calls taken in turn with the other two. An agent may work more per
+  session with a prompt than without (Copilot reads its instructions folders at each
+  ``session/new``); **seen/prompted** leaves that out, and **new/prompted cold** compares
+  a new prompt with the start it needs under the same conditions.
 
 The prompts are ``append`` prompts, ``override`` for qwen and codex-acp 2.6 (the mode in
 which each starts a process and can keep a spare one). With spares, the bench waits
@@ -130,6 +132,8 @@ class Setup:
     config: Path
     """The bridge's configuration file (pool options)."""
     no_spare_config: Path
+    initialize_result: dict[str, Any] | None = None
+    """The agent's answer to ``initialize`` (the untimed first start reads it)."""
 
 
 @contextmanager
@@ -187,7 +191,7 @@ def timed_new(peer: Peer, cwd: Path, prompt: str | None = None, mode: str = "app
 def direct(setup: Setup) -> dict[str, list[float]]:
     peer = Peer(setup.argv, setup.env, setup.cwd)
     try:
-        peer.initialize()
+        setup.initialize_result = peer.request("initialize", INITIALIZE)
         timed_new(peer, setup.cwd)
         cold = (time.perf_counter() - peer.started) * 1000
         news = [timed_new(peer, setup.cwd) for _ in range(DIRECT_NEWS)]
@@ -214,7 +218,8 @@ class AgentView(ContextWithEnvironment):
 def prompted_agent(
     setup: Setup, prompt: str, mode: Mode, initialize_result: dict[str, Any] | None
 ) -> Iterator[Peer]:
-    """The agent alone, started as the bridge starts the process for ``prompt``."""
+    """The agent alone, started as the bridge starts the process for ``prompt``, and
+    answered one ``session/new`` (its ``started`` says when it was spawned)."""
     adapter_class = builtin(setup.agent.adapter)
     assert issubclass(adapter_class, PoolAdapter), adapter_class
     # A part of the context: process_config asks for the environment, the options, the
@@ -226,6 +231,7 @@ def prompted_agent(
         peer = Peer([*setup.argv, *config.args], {**setup.env, **config.env}, setup.cwd)
         try:
             peer.initialize()
+            timed_new(peer, setup.cwd)
             yield peer
         finally:
             peer.close(0.0)
@@ -257,6 +263,7 @@ def bridged(setup: Setup, settle: float, spare: bool, seen_calls: int) -> dict[s
         figures["new_first"] = []
     figures[f"beside{suffix}"] = []
     figures[f"prompted{suffix}"] = []
+    figures[f"prompted_cold{suffix}"] = []
     cpu: list[float] = []
     alone = ExitStack()
     try:
@@ -265,17 +272,22 @@ def bridged(setup: Setup, settle: float, spare: bool, seen_calls: int) -> dict[s
         for index in range(NEW_PROMPTS):
             prompt = f"pool bench prompt {uuid.uuid4()}"
             mode = setup.agent.mode
-            beside = Peer(setup.argv, setup.env, setup.cwd)
-            alone.callback(beside.close, 0.0)
-            initialized = beside.request("initialize", INITIALIZE)
             # With spares, the first new prompt finds none: the spare starts after it.
             key = "new_first" if spare and index == 0 else f"new{suffix}"
             figures[key].append(timed_new(peer, setup.cwd, prompt, mode))
-            # Started after the new prompt's call, which it would slow: an agent goes on
-            # working after its initialize answer (Kilo for seconds).
-            prompted = alone.enter_context(prompted_agent(setup, prompt, mode, initialized))
+            # The agents alone start after the new prompt's call, which they would slow as
+            # much as a cold start is slowed by another one: an agent goes on working after
+            # its initialize answer (Kilo for seconds).
+            prompted = alone.enter_context(
+                prompted_agent(setup, prompt, mode, setup.initialize_result)
+            )
+            figures[f"prompted_cold{suffix}"].append(
+                (time.perf_counter() - prompted.started) * 1000
+            )
+            beside = Peer(setup.argv, setup.env, setup.cwd)
+            alone.callback(beside.close, 0.0)
+            beside.initialize()
             timed_new(beside, setup.cwd)
-            timed_new(prompted, setup.cwd)
             if spare:
                 # The spare started after that call is up before the seen calls (and so
                 # before the next new prompt): otherwise they share the CPU with its start.
@@ -300,6 +312,8 @@ def bridged(setup: Setup, settle: float, spare: bool, seen_calls: int) -> dict[s
             figures[f"seen{suffix}"].append(statistics.median(seen))
             figures[f"beside{suffix}"].append(statistics.median(direct_news))
             figures[f"prompted{suffix}"].append(statistics.median(prompted_news))
+            # Gone before the next new prompt, which they would slow too.
+            alone.close()
     finally:
         alone.close()
         # EOF: the bridge stops every process it started before it exits.
@@ -320,6 +334,8 @@ FIGURES: Final = (
     Figure("new_first", "bridge, first new prompt"),
     Figure("new", "bridge, next new prompt (spare)"),
     Figure("new_nospare", "bridge, new prompt, no spare"),
+    Figure("prompted_cold", "cold start with the prompt"),
+    Figure("prompted_cold_nospare", "cold start with the prompt, no spare"),
     Figure("seen", "bridge, seen prompt"),
     Figure("seen_nospare", "bridge, seen prompt, no spare"),
     Figure("beside", "direct beside the seen prompt"),
@@ -362,11 +378,13 @@ def report(results: Results, names: Sequence[str]) -> None:
     loads = ", ".join(f"{load:.2f}" for load in results.load)
     print(f"load average at each round: {loads}")
     keys = [f for f in FIGURES if any(f.key in results.values.get(n, {}) for n in names)]
-    head = ["agent", *(f"{f.label} (ms)" for f in keys), "new/cold", "seen/direct"]
+    head = ["agent", *(f"{f.label} (ms)" for f in keys), "new/cold", "new/prompted cold"]
+    head.append("seen/direct")
     head += ["seen/beside", "seen/prompted"]
     if any("new_nospare" in results.values.get(n, {}) for n in names):
         head += [
             "no spare: new/cold",
+            "no spare: new/prompted cold",
             "no spare: seen/direct",
             "no spare: seen/beside",
             "no spare: seen/prompted",
@@ -377,6 +395,7 @@ def report(results: Results, names: Sequence[str]) -> None:
             name,
             *(cell(results.values.get(name, {}).get(f.key)) for f in keys),
             ratio(results, name, "new", "cold"),
+            ratio(results, name, "new", "prompted_cold"),
             ratio(results, name, "seen", "direct"),
             ratio(results, name, "seen", "beside"),
             ratio(results, name, "seen", "prompted"),
@@ -384,6 +403,7 @@ def report(results: Results, names: Sequence[str]) -> None:
         if len(head) > len(row):
             row += [
                 ratio(results, name, "new_nospare", "cold"),
+                ratio(results, name, "new_nospare", "prompted_cold_nospare"),
                 ratio(results, name, "seen_nospare", "direct"),
                 ratio(results, name, "seen_nospare", "beside_nospare"),
                 ratio(results, name, "seen_nospare", "prompted_nospare"),
