@@ -41,15 +41,20 @@ def parse_verdict(line: bytes) -> bool:
     return True
 
 
-def stream_verdict(line: bytes, cuts: list[int]) -> bool:
+def fed(line: bytes, cuts: list[int]) -> json_stream.Envelope:
+    """The envelope of ``line`` fed to a validator in pieces ending at ``cuts``."""
     validator = LineValidator()
+    start = 0
+    for cut in sorted(set(cuts)):
+        validator.feed(line[start:cut])
+        start = cut
+    validator.feed(line[start:])
+    return validator.finish()
+
+
+def stream_verdict(line: bytes, cuts: list[int]) -> bool:
     try:
-        start = 0
-        for cut in sorted(set(cuts)):
-            validator.feed(line[start:cut])
-            start = cut
-        validator.feed(line[start:])
-        validator.finish()
+        fed(line, cuts)
     except FrameError:
         return False
     return True
@@ -169,12 +174,7 @@ def test_a_top_level_string_split_across_pieces_is_read_whole() -> None:
         b'"method":"session/n\\u0065w","id":"req-\xc3\xa9-7"}'
     )
     for cuts in ([], list(range(1, len(line)))):
-        validator = LineValidator()
-        start = 0
-        for cut in [*cuts, len(line)]:
-            validator.feed(line[start:cut])
-            start = cut
-        envelope = validator.finish()
+        envelope = fed(line, cuts)
         assert envelope.members == {
             "jsonrpc": "2.0",
             "params": Large(dict),
@@ -185,12 +185,7 @@ def test_a_top_level_string_split_across_pieces_is_read_whole() -> None:
     # A long one still counts as large, however it arrives.
     long_id = b'{"jsonrpc":"2.0","method":"m","id":"' + b"i" * 2000 + b'"}'
     for cuts in ([], list(range(1, len(long_id), 100))):
-        validator = LineValidator()
-        start = 0
-        for cut in [*cuts, len(long_id)]:
-            validator.feed(long_id[start:cut])
-            start = cut
-        assert validator.finish().members["id"] == Large(str)
+        assert fed(long_id, cuts).members["id"] == Large(str)
 
 
 def test_numbers_of_any_length_are_judged_as_they_arrive() -> None:
@@ -213,12 +208,7 @@ def test_a_long_integer_id_is_read_from_the_envelope_up_to_a_kibibyte() -> None:
     for digits in ("1234567890" * 100, "1234567890" * 500):
         line = b'{"jsonrpc":"2.0","id":%s,"method":"x","params":{}}' % digits.encode()
         for cuts in ([], list(range(0, len(line), 7))):
-            validator = LineValidator()
-            start = 0
-            for cut in [*cuts, len(line)]:
-                validator.feed(line[start:cut])
-                start = cut
-            envelope = validator.finish()
+            envelope = fed(line, cuts)
             if len(digits) <= 1024:
                 assert envelope.request_id() == int(digits) == jsonrpc.parse(line).id
             else:
