@@ -49,9 +49,9 @@ start's CPU: on two cores, calls made during it take about twice as long).
 ``--no-spare`` measures the bridge without spares only, ``--both`` both ways.
 
 Printed per agent: the medians of the rounds with their range, the ratios new prompt /
-cold start, seen prompt / direct session/new, seen prompt / direct beside it and seen
-prompt / direct with the prompt, and the
-load average at each round.
+cold start, new prompt / cold start with the prompt, seen prompt / direct session/new,
+seen prompt / direct beside it and seen prompt / direct with the prompt, and the load
+average at each round.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ import trio.testing
 import yaml
 from bridge_cli import isolated_env, write_verify_config
 from memory_agent import FAKE_PYTHON, ScriptedAgent, ScriptedSpawner
-from preloaded import PreloadedProcess
 
 from acp_bridge.commands.cli import make_tracer, resolve_runtime
 from acp_bridge.runtime.relay import Bridge
@@ -190,7 +189,7 @@ class BridgeLines:
 class RunningBridge(BridgeLines):
     """A bridge subprocess (``python -m acp_bridge``) in front of ``tests/fake_agent.py``."""
 
-    process: trio.Process | PreloadedProcess = field(kw_only=True)
+    process: trio.Process | preloaded.PreloadedProcess = field(kw_only=True)
     stderr_path: Path = field(kw_only=True)
 
     @property

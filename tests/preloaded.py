@@ -58,6 +58,7 @@ MAX_REQUEST: Final = 1 << 20
 # The answers: the child's pid (and its pidfd, as SCM_RIGHTS), then its end.
 PID: Final = struct.Struct("!i")
 END: Final = struct.Struct("!idd")  # exit code (-N: signal N), user and system CPU seconds
+SOCKET: Final = "preloaded.sock"  # the server's address, in a folder of its own
 
 
 # --------------------------------------------------------------------------- the server
@@ -203,7 +204,6 @@ class PreloadedProcess:
         self.stdin = stdin
         self.stdout = stdout
         self.returncode: int | None = None
-        self.cpu = 0.0  # user and system seconds of it and its reaped descendants
 
     async def wait(self) -> int:
         if self.returncode is None:
@@ -214,8 +214,7 @@ class PreloadedProcess:
                     raise RuntimeError("the preloaded bridge server went away")
                 data += chunk
             code, user, system = END.unpack(data)
-            self.cpu = user + system
-            charge_cpu(self.cpu)
+            charge_cpu(user + system)
             self.returncode = code
             self._answer.close()
             os.close(self._pidfd)
@@ -228,9 +227,6 @@ class PreloadedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 def charge_cpu(seconds: float) -> None:
@@ -274,15 +270,14 @@ class Preloader:
 
     @property
     def address(self) -> str:
-        return str(self.folder / "preloaded.sock")
+        return str(self.folder / SOCKET)
 
     @classmethod
     def launch(cls) -> Preloader:
         folder = Path(tempfile.mkdtemp(prefix="acp-bridge-preloaded-"))
-        address = str(folder / "preloaded.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(address)
+            listener.bind(str(folder / SOCKET))
             listener.listen(64)
             process = subprocess.Popen(
                 [sys.executable, __file__, str(listener.fileno())],
