@@ -173,6 +173,11 @@ class LineValidator:
         self._closed_at = -1  # the byte that closed the top-level value
         self._top_members = 0
         self._unscanned = 0  # containers to enter without trying json's scanner first
+        # A container that starts before this position of the text held is entered without
+        # json's scanner: a scan that failed read that far already (see _scan_reach). So a
+        # chain of nested containers too long (or too incomplete) to scan costs its length,
+        # not its depth times its length.
+        self._scan_from = 0
         # The depth of the open container too long for json's scanner to judge at once
         # (-1: none): the containers inside it get only the short look.
         self._too_long_at = -1
@@ -306,6 +311,7 @@ class LineValidator:
                 self._punctuation(expect, char)
                 pos += 1
         self._text = text[pos:]
+        self._scan_from = max(0, self._scan_from - pos)
 
     def _value_or_run(self, text: str, pos: int, final: bool) -> int:
         """Where a value is expected: take it, or a run of several (array items, nested
@@ -316,8 +322,8 @@ class LineValidator:
             return pos + 1
         if self._error is not None and len(self._stack) == 2:
             self._error.value_starts(char)
-        if self._unscanned and char in "[{" and len(self._stack) >= 2:
-            # Deep nesting: a run of openings at a time.
+        if char in "[{" and (self._unscanned or pos < self._scan_from) and len(self._stack) >= 2:
+            # Deep nesting, or inside what a failed scan read: a run of openings at a time.
             run = (_BRACKETS if char == "[" else _OPENERS).match(text, pos)
             if run is not None:
                 return self._open_run(text, pos, run.end())
@@ -337,7 +343,8 @@ class LineValidator:
         else:
             opened = [match[0][0] == "{" for match in _OPENER.finditer(text, pos, end)]
         self._stack.extend(opened)
-        self._unscanned = max(1, self._unscanned - len(opened))
+        if self._unscanned:
+            self._unscanned = max(1, self._unscanned - len(opened))
         self._expect = _VALUE if opened[-1] else _FIRST_VALUE
         return end
 
@@ -346,9 +353,17 @@ class LineValidator:
         many characters were taken (0: none, the closing is judged one at a time)."""
         run = _CLOSERS.match(text, pos)
         count = min(run.end() - pos, len(self._stack) - 2)  # type: ignore[union-attr]  # matches
-        expected = "".join("}" if is_object else "]" for is_object in self._stack[-count:])
-        if text[pos : pos + count] != expected[::-1]:
-            return 0
+        closers = reversed(self._stack[-count:])
+        expected = "".join("}" if is_object else "]" for is_object in closers)
+        closing = text[pos : pos + count]
+        if closing != expected:
+            # A wrong closer in the run: close what comes before it, and it is judged alone
+            # (and refused) next. Returning 0 here made each level build the run again, so a
+            # deep line with one wrong or missing closer cost its depth squared.
+            pairs = enumerate(zip(closing, expected, strict=True))
+            count = next(at for at, (got, want) in pairs if got != want)
+            if not count:
+                return 0
         del self._stack[-count:]
         if len(self._stack) <= self._too_long_at:
             self._too_long_at = -1
@@ -432,10 +447,16 @@ class LineValidator:
                 if self._unscanned:
                     self._unscanned -= 1
                     raise RecursionError  # deep here: json's scanner would fail again
-                value, after = _scan_small(text, pos, long_look=long_look)
-            except (ValueError, StopIteration, RecursionError) as exc:
+                if pos < self._scan_from:
+                    raise _Unscanned
+                try:
+                    value, after = _scan_small(text, pos, long_look=long_look)
+                except (ValueError, StopIteration, RecursionError):
+                    self._scan_from = pos + _scan_reach(len(text) - pos)
+                    raise
+            except (ValueError, StopIteration, RecursionError, _Unscanned) as exc:
                 too_long = len(text) - pos > _WHOLE_AT_ONCE
-                if long_look and too_long and not isinstance(exc, RecursionError):
+                if long_look and too_long and isinstance(exc, (ValueError, StopIteration)):
                     # Longer than the long look (or invalid within it): a container
                     # inside it that reaches as far would be read as far again.
                     self._too_long_at = len(self._stack)
@@ -755,6 +776,24 @@ def _scan_small(text: str, pos: int, *, long_look: bool = True) -> tuple[Any, in
             continue
         return value, after + pos
     raise ValueError("longer than the short look")
+
+
+def _scan_reach(held: int) -> int:
+    """How far from where it started a failed :func:`_scan_small` read, given ``held``
+    characters of text from there, for the containers inside to be entered without a scan.
+
+    All of it when it read all the text held. When it only looked into a window: the
+    short look's, even after a long look failed too. The containers inside a long look's
+    window get only short looks, each starting past the last one that failed, and long
+    looks never overlap (the next comes after this container closes, and it is longer than
+    the window, or the line is not valid): each character is read by at most two failed
+    scans, and a large container's first items are still scanned.
+    """
+    return held if held <= _WHOLE_AT_ONCE else _SCAN_WINDOWS[0]
+
+
+class _Unscanned(Exception):
+    """A container inside what a failed scan read: entered without another."""
 
 
 def _escape_safe_cut(text: str, pos: int) -> int:
