@@ -349,6 +349,20 @@ def test_deep_nesting_is_judged_a_run_at_a_time_as_the_parser_would(
         assert (envelope.members["method"], envelope.members["params"]) == (CUT_METHOD, Large(dict))
 
 
+@pytest.mark.parametrize("size", [100, json_stream._SEARCH_EACH_FROM, 128 * 1024])
+def test_control_bytes_are_found_alike_in_small_and_large_pieces(size: int) -> None:
+    """A large piece is searched byte value by byte value, a small one in one pass: both
+    find every control byte wherever it lies, and tell tabs and carriage returns apart."""
+    for byte in [*range(0x20), 0x20, 0x7F, 0xFF]:
+        for at in (0, size // 2, size - 1):
+            piece = bytearray(b"x" * size)
+            piece[at] = byte
+            controls = bytes(piece).translate(None, bytes(range(0x20, 0x100)))
+            expected = (bool(controls.strip(b"\t\r")), bool(controls))
+            assert json_stream._controls_in(bytes(piece)) == expected, (byte, at)
+    assert json_stream._controls_in(b"x" * size) == (False, False)
+
+
 def judging_work(line: bytes, cuts: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     """What judging ``line`` cut at ``cuts`` costs, counted rather than timed: the Python
     calls made (generator steps included) and the characters handed to json's scanner
