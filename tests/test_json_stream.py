@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import tracemalloc
 
 import pytest
 from fuzz_size import inputs
@@ -423,6 +424,22 @@ def test_judging_deep_nesting_costs_its_length_whatever_is_wrong_with_it(
             calls, handed = judging_work(message, cuts, monkeypatch)
             assert calls <= 8 * len(message), (inner[-20:], len(cuts), calls, len(message))
             assert handed <= 3 * len(message), (inner[-20:], len(cuts), handed, len(message))
+
+
+def test_deep_nesting_holds_about_a_byte_per_open_container() -> None:
+    """The stack of open containers held a Python list entry per level: a line of 4 MiB
+    of openings made the validator hold 34 MiB, a line at the 64 MiB limit about 540 MiB."""
+    line = b'{"jsonrpc":"2.0","method":"m","params":' + b"[" * (1 << 20) + b'{"d":' * (1 << 18)
+    validator = LineValidator()
+    tracemalloc.start()
+    try:
+        for start in range(0, len(line), 128 * 1024):
+            validator.feed(line[start : start + 128 * 1024])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(validator._stack) == 1 + (1 << 20) + (1 << 18)
+    assert held < 2 * (1 << 20), held
 
 
 def test_a_string_with_escapes_costs_its_length_not_that_of_the_text_after_it(
