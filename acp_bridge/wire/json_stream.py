@@ -14,7 +14,9 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   read as far again);
 - a string with escapes is judged by json's C string scanner where it lies in the text
   held, never in a copy of all that follows it;
-- a container that does not end within the text held is entered token by token.
+- a container that does not end within the text held is entered token by token, and
+  json's scanner never reads again what a scan that failed has read, so judging costs
+  the line's length whatever its nesting.
 
 It accepts exactly the JSON that :func:`acp_bridge.wire.jsonrpc.parse` accepts (strict UTF-8,
 no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, numbers of
@@ -183,9 +185,7 @@ class LineValidator:
         self._top_members = 0
         self._unscanned = 0  # containers to enter without trying json's scanner first
         # A container that starts before this position of the text held is entered without
-        # json's scanner: a scan that failed read that far already (see _scan_reach). So a
-        # chain of nested containers too long (or too incomplete) to scan costs its length,
-        # not its depth times its length.
+        # json's scanner: a scan that failed read that far already (see _scan_reach).
         self._scan_from = 0
         # The depth of the open container too long for json's scanner to judge at once
         # (-1: none): the containers inside it get only the short look.
@@ -247,25 +247,14 @@ class LineValidator:
     def _skip_string_bytes(self, data: bytes) -> bytes:
         """Inside a string value, with no control byte in ``data``: skip the string's text
         without decoding it (the bulk of a long line); what follows its end, if it ends."""
-        if self._decoder.getstate()[0]:
-            return data  # a character split across pieces: the decoder has its start
-        quote = data.find(b'"')
-        stop = quote if quote >= 0 else len(data)
-        if data.find(b"\\", 0, stop) >= 0:
-            return data  # escapes: judged on the decoded text
-        span = data if quote < 0 else data[:quote]
-        if not span.isascii():
-            try:
-                self._decoder.decode(span)  # judged, not kept; a split character waits
-            except UnicodeDecodeError as exc:
-                raise _invalid(f"not UTF-8 ({exc.reason})") from None
-            if quote >= 0 and self._decoder.getstate()[0]:
-                raise _invalid("not UTF-8 (a character cut by a quote)")
+        end = _string_end(data, self._decoder)
+        if end is None:
+            return data
         self._started = True
-        if quote < 0:
+        if end == len(data):
             return b""
         self._value_done(_UNKNOWN)
-        return data[quote + 1 :]
+        return data[end + 1 :]
 
     def finish(self) -> Envelope:
         """The line is complete: its envelope, if it is one valid JSON value."""
@@ -345,13 +334,9 @@ class LineValidator:
         return self._value(text, pos, final)
 
     def _open_run(self, text: str, pos: int, end: int) -> int:
-        """Enter the containers opened from ``pos`` to ``end`` one inside the other (each
-        an array, or an object with its first key), below the top-level members."""
-        if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
-            opened = bytes(end - pos)  # the usual run: brackets only
-        else:
-            opened = bytes(match[0][0] == "{" for match in _OPENER.finditer(text, pos, end))
-        self._stack.extend(opened)
+        """Enter the containers opened from ``pos`` to ``end`` (see :func:`_opened`)."""
+        opened = _opened(text, pos, end)
+        self._stack += opened
         if self._unscanned:
             self._unscanned = max(1, self._unscanned - len(opened))
         self._expect = _VALUE if opened[-1] else _FIRST_VALUE
@@ -360,21 +345,11 @@ class LineValidator:
     def _close_run(self, text: str, pos: int) -> int:
         """Close containers below the top-level members at ``pos`` many at a time: how
         many characters were taken (0: none, the closing is judged one at a time)."""
-        run = _CLOSERS.match(text, pos)
-        count = min(run.end() - pos, len(self._stack) - 2)  # type: ignore[union-attr]  # matches
-        expected = _closers(self._stack[-count:])
-        closing = text[pos : pos + count]
-        if closing != expected:
-            # A wrong closer in the run: close what comes before it, and it is judged alone
-            # (and refused) next. Returning 0 here made each level build the run again, so a
-            # deep line with one wrong or missing closer cost its depth squared.
-            pairs = enumerate(zip(closing, expected, strict=True))
-            count = next(at for at, (got, want) in pairs if got != want)
-            if not count:
-                return 0
-        del self._stack[-count:]
-        if len(self._stack) <= self._too_long_at:
-            self._too_long_at = -1
+        count = _closed(self._stack, text, pos)
+        if count:
+            del self._stack[-count:]
+            if len(self._stack) <= self._too_long_at:
+                self._too_long_at = -1
         return count
 
     def _byte_at(self, text: str, pos: int) -> int:
@@ -450,39 +425,19 @@ class LineValidator:
         if char == '"':
             return self._string_value(text, pos, final)
         if char in {"{", "["}:
-            long_look = self._too_long_at < 0
-            try:
-                if self._unscanned:
-                    self._unscanned -= 1
-                    raise RecursionError  # deep here: json's scanner would fail again
-                if pos < self._scan_from:
-                    raise _Unscanned
-                try:
-                    value, after = _scan_small(text, pos, long_look=long_look)
-                except (ValueError, StopIteration, RecursionError):
-                    self._scan_from = pos + _scan_reach(len(text) - pos)
-                    raise
-            except (ValueError, StopIteration, RecursionError, _Unscanned) as exc:
-                too_long = len(text) - pos > _WHOLE_AT_ONCE
-                if long_look and too_long and isinstance(exc, (ValueError, StopIteration)):
-                    # Longer than the long look (or invalid within it): a container
-                    # inside it that reaches as far would be read as far again.
-                    self._too_long_at = len(self._stack)
-                # Not complete within the text held (or invalid further on, or deep):
-                # enter it and judge it token by token.
-                if isinstance(exc, RecursionError) and not self._unscanned:
-                    # Each try goes a thousand levels down before it fails: the next
-                    # containers are entered without one, so deep nesting costs linear time.
-                    self._unscanned = _UNSCANNED_AFTER_DEEP
-                is_object = char == "{"
-                if not self._stack:
-                    self.envelope.is_object = is_object
-                self._open(Large(dict if is_object else list))
-                self._stack.append(is_object)
-                self._expect = _FIRST_KEY if is_object else _FIRST_VALUE
-                return pos + 1
-            self._value_done(value)
-            return after
+            scanned = self._scan_container(text, pos)
+            if scanned is not None:
+                self._value_done(scanned[0])
+                return scanned[1]
+            # Not complete within the text held (or invalid further on, or deep): enter it
+            # and judge it token by token.
+            is_object = char == "{"
+            if not self._stack:
+                self.envelope.is_object = is_object
+            self._open(Large(dict if is_object else list))
+            self._stack.append(is_object)
+            self._expect = _FIRST_KEY if is_object else _FIRST_VALUE
+            return pos + 1
         if char in _NUMBER_START:
             # By its shape, not through json's scanner: it may go on in the next piece,
             # and may have more digits than int() converts.
@@ -506,6 +461,29 @@ class LineValidator:
             raise _invalid(str(exc)) from None
         self._value_done(value)
         return after
+
+    def _scan_container(self, text: str, pos: int) -> tuple[Any, int] | None:
+        """json's scanner on the container at ``pos`` where it may succeed: its value and
+        the position after it, or None to enter it."""
+        if self._unscanned:  # deep here: the scanner would fail again
+            self._unscanned = self._unscanned - 1 or _UNSCANNED_AFTER_DEEP
+            return None
+        if pos < self._scan_from:
+            return None
+        long_look = self._too_long_at < 0
+        try:
+            return _scan_small(text, pos, long_look=long_look)
+        except RecursionError:
+            # Each try goes a thousand levels down before it fails: the next containers
+            # are entered without one, so deep nesting costs linear time.
+            self._unscanned = _UNSCANNED_AFTER_DEEP
+        except (ValueError, StopIteration):
+            if long_look and len(text) - pos > _WHOLE_AT_ONCE:
+                # Longer than the long look (or invalid within it): a container inside it
+                # that reaches as far would be read as far again.
+                self._too_long_at = len(self._stack)
+        self._scan_from = pos + _scan_reach(len(text) - pos)
+        return None
 
     def _string_value(self, text: str, pos: int, final: bool) -> int:
         """Read a string value at ``pos``: the position after it, or where its text stops
@@ -793,6 +771,52 @@ def _scan_small(text: str, pos: int, *, long_look: bool = True) -> tuple[Any, in
     raise ValueError("longer than the look")
 
 
+def _string_end(data: bytes, decoder: codecs.IncrementalDecoder) -> int | None:
+    """Where the string text at the start of ``data`` ends (its closing quote, or
+    ``len(data)`` when it goes on), judged without decoding it; None when it holds escapes
+    or ``decoder`` holds the start of a character split across pieces (judge it decoded).
+    A span that is not ASCII is fed to ``decoder``, which keeps a split character."""
+    if decoder.getstate()[0]:
+        return None
+    quote = data.find(b'"')
+    stop = quote if quote >= 0 else len(data)
+    if data.find(b"\\", 0, stop) >= 0:
+        return None
+    span = data if quote < 0 else data[:quote]
+    if not span.isascii():
+        try:
+            decoder.decode(span)  # judged, not kept; a split character waits
+        except UnicodeDecodeError as exc:
+            raise _invalid(f"not UTF-8 ({exc.reason})") from None
+        if quote >= 0 and decoder.getstate()[0]:
+            raise _invalid("not UTF-8 (a character cut by a quote)")
+    return stop
+
+
+def _opened(text: str, pos: int, end: int) -> bytes:
+    """The containers a run of openings from ``pos`` to ``end`` opens one inside the other
+    (each an array, or an object with its first key), a byte each as the stack keeps them."""
+    if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
+        return bytes(end - pos)  # the usual run: brackets only
+    return bytes(match[0][0] == "{" for match in _OPENER.finditer(text, pos, end))
+
+
+def _closed(stack: bytearray, text: str, pos: int) -> int:
+    """How many of the containers of ``stack`` below the top-level members the run of
+    closers at ``pos`` closes rightly, innermost first."""
+    run = _CLOSERS.match(text, pos)
+    count = min(run.end() - pos, len(stack) - 2)  # type: ignore[union-attr]  # it matches
+    expected = _closers(stack[-count:])
+    closing = text[pos : pos + count]
+    if closing == expected:
+        return count
+    # Up to a wrong closer, which is judged alone (and refused) next. Taking none then made
+    # each level build the run again: a deep line with one wrong or missing closer cost its
+    # depth squared.
+    pairs = enumerate(zip(closing, expected, strict=True))
+    return next(at for at, (got, want) in pairs if got != want)
+
+
 def _closers(stack: bytearray) -> str:
     """What closes the containers of ``stack`` (a slice of the validator's), innermost
     first."""
@@ -823,10 +847,6 @@ def _scan_reach(held: int) -> int:
     scans, and a large container's first items are still scanned.
     """
     return held if held <= _WHOLE_AT_ONCE else _SCAN_WINDOWS[0]
-
-
-class _Unscanned(Exception):
-    """A container inside what a failed scan read: entered without another."""
 
 
 def _escape_safe_cut(text: str, pos: int) -> int:
