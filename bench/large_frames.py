@@ -1,6 +1,7 @@
 """Large frames through the bridge, beside the agent alone and relays that judge lines only.
 
-    python bench/large_frames.py [--rounds 4] [--paths PATH ...] [--quick]
+    python bench/large_frames.py [--rounds 4] [--paths PATH ...] [--bridge NAME=PYTHON ...]
+                                 [--quick]
 
 The 1 MiB and 16 MiB rows of ``peer_bench.py`` (frames echoed by ``echo_agent.py``, MiB
 per second both ways counted) for more paths, to tell where the bridge's time goes and
@@ -11,7 +12,10 @@ what another way of moving a long line's bytes would win:
 * ``judging_relay.py`` in each of its modes: relays that judge every line with the
   bridge's validator and do nothing else, moving the bytes through trio (**trio**), a
   worker thread (**thread**), ``tee``/``splice`` (**splice**); **splice-unjudged** moves
-  them with ``splice`` alone.
+  them with ``splice`` alone;
+* ``--bridge NAME=PYTHON`` (any number of times): the bridge run by another interpreter
+  (another install, another version) as the path **NAME**, to hold two builds side by
+  side in one run.
 
 Every measurement takes a fresh process; rounds are interleaved and the order of the paths
 turns from round to round. Printed per size and path: the median throughput with its
@@ -43,11 +47,12 @@ PATHS: Final = ("direct", "bridge", "raw", "trio", "thread", "splice", "splice-u
 TICK: Final = os.sysconf("SC_CLK_TCK")
 
 
-def argv(path: str) -> list[str]:
+def argv(path: str, bridges: dict[str, str]) -> list[str]:
     if path == "direct":
         return AGENT
-    if path == "bridge":
-        return [sys.executable, "-m", "acp_bridge", "--state", ":memory:",
+    if path == "bridge" or path in bridges:
+        python = bridges.get(path, sys.executable)
+        return [python, "-m", "acp_bridge", "--state", ":memory:",
                 "--log-level", "error", "--adapter", "passthrough", "--", *AGENT]  # fmt: skip
     if path == "raw":
         return [sys.executable, str(BENCH / "raw_relay.py"), *AGENT]
@@ -60,9 +65,11 @@ def kernel_seconds(pid: int) -> float:
     return int(fields[12]) / TICK
 
 
-def measure(path: str, size: int, frames: int, env: dict[str, str]) -> tuple[float, float, float]:
+def measure(
+    path: str, size: int, frames: int, env: dict[str, str], bridges: dict[str, str]
+) -> tuple[float, float, float]:
     """MiB/s, and the relay's CPU microseconds per MiB crossing it with the kernel's share."""
-    peer = Peer(argv(path), env)
+    peer = Peer(argv(path, bridges), env)
     pid = None if path == "direct" else peer.process.pid
     try:
         peer.initialize()
@@ -84,8 +91,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--quick", action="store_true", help="fewer frames")
+    parser.add_argument("--bridge", action="append", default=[], metavar="NAME=PYTHON",
+                        help="also the bridge run by PYTHON, as the path NAME")  # fmt: skip
     args = parser.parse_args()
-    paths = list(dict.fromkeys(["direct", *args.paths]))
+    bridges = dict(entry.split("=", 1) for entry in args.bridge)
+    paths = list(dict.fromkeys(["direct", *args.paths, *bridges]))
     sizes = ((MiB, 8 if args.quick else 32), (16 * MiB, 1 if args.quick else 4))
     results: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
     loads = []
@@ -98,7 +108,9 @@ def main() -> None:
             order = paths[turn:] + paths[:turn]
             for size, frames in sizes:
                 for path in order:
-                    results.setdefault((size, path), []).append(measure(path, size, frames, env))
+                    results.setdefault((size, path), []).append(
+                        measure(path, size, frames, env, bridges)
+                    )
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
           f"{time.perf_counter() - started:.0f} s; medians of {args.rounds} interleaved rounds, "
           f"[min-max]; load average at each round: "

@@ -97,6 +97,9 @@ _BRACKETS: Final = re.compile(r"\[+")
 _CLOSERS: Final = re.compile(r"[\]}]+")
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
+# The top-level members routing reads (jsonrpc.classify_message): any other is judged and
+# not kept (a line of many small ones held several times its size).
+_ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
 # After json's scanner ran out of recursion on a container, this many containers are
 # entered without trying it again (it fails after about a thousand levels).
 _UNSCANNED_AFTER_DEEP: Final = 256
@@ -567,7 +570,7 @@ class LineValidator:
             key = _scan_once('"' + raw + '"', 0)[0]
             self._string_text = None
         if depth == 1:
-            self._key = key
+            self._key = key if key in _ENVELOPE_KEYS else None
         elif self._error is not None:  # depth 2: a key of the error object
             self._error.key = key
 
@@ -592,7 +595,9 @@ class LineValidator:
         depth = len(self._stack)
         if depth == 0 and type(value) is dict:  # the whole line was held: read at once
             self.envelope.is_object = True
-            self.envelope.members = {key: _member(key, item) for key, item in value.items()}
+            self.envelope.members = {
+                key: _member(key, item) for key, item in value.items() if key in _ENVELOPE_KEYS
+            }
             self._top_members = len(value)
         if depth == 1:
             self._top_members += 1
