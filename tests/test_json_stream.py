@@ -103,6 +103,30 @@ def test_mutated_lines_get_the_parsers_verdict(
         assert stream_verdict(raw, cuts) == expected, (raw, cuts)
 
 
+@settings(max_examples=inputs(60), suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(values, st.randoms(use_true_random=False), st.booleans())
+def test_lines_past_the_long_look_get_the_parsers_verdict(
+    value: object, rng: random.Random, damaged: bool
+) -> None:
+    """Lines longer than json's scanner looks at once (64 KiB), with containers nested so
+    that scans fail and are not tried again inside what they read
+    (``LineValidator._scan_from``): whole or damaged at one place, in any pieces, judged
+    as the parser judges them."""
+    item = spaced(value, rng)
+    body = b"[" + b",".join([item] * max(1, 96 * 1024 // (len(item) + 1))) + b"]"
+    for _ in range(rng.randint(0, 4)):
+        body = rng.choice([b'{"k":%s,"n":[1,{"a":"x"}]}', b'[%s,{"z":[]}]', b"[[],%s]"]) % body
+    line = bytearray(b'{"jsonrpc":"2.0","method":"m","params":%s}' % body)
+    if damaged:
+        at = rng.randrange(len(line))
+        line[at : at + 1] = rng.choice([b"", b"]", b"}", b",", b'"', b"\x01", b"[1"])
+    raw = bytes(line)
+    expected = parse_verdict(raw)
+    every = list(range(rng.randint(997, 70_000), len(raw), rng.randint(997, 70_000)))
+    for cuts in ([], every, rng.sample(range(1, len(raw)), 8)):
+        assert stream_verdict(raw, cuts) == expected, (len(raw), cuts[:3])
+
+
 @pytest.mark.parametrize(
     "line",
     [
