@@ -13,7 +13,10 @@ the file's text. So this adapter is a :class:`~acp_bridge.pool.PoolAdapter` offe
   ``acp-bridge-system-prompt.md``; every other entry of the user's folder (hooks, skills,
   agents, …) is linked in, so cline behaves as it does for the user;
 * ``CLINE_DATA_DIR=<the user's data folder>``: settings, provider keys and sessions stay
-  the user's own, shared by every process;
+  the user's own, shared by every process. cline writes its sessions index there through
+  one temporary file name, so turns at once in two processes (two prompts) can fail in
+  cline itself: ``-32603`` with ``ENOENT`` on renaming ``sessions.index.json.tmp`` (seen
+  once in four runs of the end-to-end tests, which now take their turns one at a time);
 * ``CLINE_SESSION_BACKEND_MODE=local``: without it the first session starts cline's hub
   daemon (``cline --cline-hub-daemon``, its own process session, port 25463 for the whole
   machine), which outlives the process that started it and is shared by every cline of
