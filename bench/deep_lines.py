@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-import tracemalloc
 from collections.abc import Callable
 from functools import partial
 from typing import Final
+
+from long_line_bench import peak, validate
 
 from acp_bridge.wire import json_stream
 from acp_bridge.wire.jsonrpc import FrameError
@@ -62,35 +63,17 @@ def many_members(size: int) -> bytes:
     return b'{"jsonrpc":"2.0","method":"m",' + members + b"}"
 
 
-def fed(line: bytes, piece: int) -> json_stream.LineValidator:
-    validator = json_stream.LineValidator()
-    for start in range(0, len(line), piece):
-        validator.feed(line[start : start + piece])
-    return validator
-
-
-def finished(line: bytes, piece: int) -> None:
-    fed(line, piece).finish()
+def judged(line: bytes, piece: int) -> None:
+    """The line fed in pieces of ``piece`` bytes and finished; the shapes cut short or
+    wrong are judged all the same (their error taken)."""
+    with contextlib.suppress(FrameError):
+        validate(line, piece)
 
 
 def cpu_ms(work: Callable[[], object]) -> float:
     start = time.process_time()
-    with contextlib.suppress(FrameError):  # the shapes cut short: judged all the same
-        work()
+    work()
     return (time.process_time() - start) * 1e3
-
-
-def peak_mib(line: bytes) -> float:
-    """The most the validator held at once while the line was fed in 128 KiB pieces (the
-    pieces included)."""
-    tracemalloc.start()
-    try:
-        with contextlib.suppress(FrameError):
-            fed(line, READ).finish()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak / MiB
 
 
 def main() -> None:
@@ -106,10 +89,10 @@ def main() -> None:
     print(f"{'line':32s} {'MiB':>5s} {'whole':>9s} {'997 B':>9s} {'128 KiB':>9s} {'peak':>9s}")
     for name, line in lines.items():
         whole = cpu_ms(partial(json_stream.judge, line))
-        small = cpu_ms(partial(finished, line, 997))
-        large = cpu_ms(partial(finished, line, READ))
+        small = cpu_ms(partial(judged, line, 997))
+        large = cpu_ms(partial(judged, line, READ))
         print(f"{name:32s} {len(line) / MiB:5.2f} {whole:6.0f} ms {small:6.0f} ms "
-              f"{large:6.0f} ms {peak_mib(line):5.1f} MiB")  # fmt: skip
+              f"{large:6.0f} ms {peak(partial(judged, line, READ)):5.1f} MiB")  # fmt: skip
     print("CPU milliseconds to judge each line; the most memory the validator held fed in 128 KiB")
 
 
