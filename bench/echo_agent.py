@@ -7,7 +7,8 @@ agent itself does not hide the bridge's cost:
   same params (``{"jsonrpc":"2.0","id":N,"result":<params>}``);
 - ``bench/flood`` with ``{"count":C}`` writes C small notifications, then answers;
 - ``bench/blank`` with ``{"bytes":B}`` writes B newlines (blank lines), then answers;
-- notifications are counted; ``bench/count`` answers with how many arrived;
+- notifications are counted, and a batch as one; ``bench/count`` answers with how many
+  arrived;
 - ``initialize`` gets a minimal v1 answer, so that proxies which wait for it (the bridge
   chooses its adapter from it, the TypeScript conductor starts the agent on it) relay it.
 """
@@ -29,7 +30,7 @@ def main() -> None:
     out = sys.stdout.buffer
     notes = 0
     while line := read():
-        if line.startswith(b'{"jsonrpc":"2.0","method"'):
+        if line.startswith((b'{"jsonrpc":"2.0","method"', b"[")):
             notes += 1
             continue
         # Requests are written by the benchmark as {"jsonrpc":"2.0","id":N,"method":"M","params":P}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
-import tracemalloc
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peak_memory import peak_while
 
 from acp_bridge.wire.framing import (
     DEFAULT_LINE_LIMIT,
@@ -148,17 +146,6 @@ def test_large_frame_is_written_from_its_own_buffer_in_order() -> None:
 
 def test_no_frames_write_nothing() -> None:
     assert list(join_lines([])) == []
-
-
-def peak_while(action: Callable[[], object]) -> int:
-    """Peak bytes allocated by Python while ``action`` runs."""
-    gc.collect()
-    tracemalloc.start()
-    try:
-        action()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.mark.parametrize("read_size", [8, 4096, 65536])

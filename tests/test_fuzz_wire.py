@@ -320,21 +320,19 @@ def test_fuzz_parse_encode_and_trace(tmp_path: Path) -> None:
                 continue
             frames += 1
             assert frame.raw == raw
+            # A batch's value is its members (the frame reads them as they are walked).
+            message = list(frame.message) if frame.kind is Kind.BATCH else frame.message
             if frame.kind is not Kind.BATCH:
                 assert jsonrpc.is_request_id(frame.id)
-            check_encoded(jsonrpc.encode(frame.message), frame.message)
-            changed = (
-                {**frame.message, "id": "acp-bridge-1"}
-                if isinstance(frame.message, dict)
-                else frame.message
-            )
+            check_encoded(jsonrpc.encode(message), message)
+            changed = {**message, "id": "acp-bridge-1"} if isinstance(message, dict) else message
             check_encoded(deeper(rng.randrange(0, 60), lambda: jsonrpc.encode(changed)), changed)  # noqa: B023
-            for member in frame.message if frame.kind is Kind.BATCH else []:
+            for member in message if frame.kind is Kind.BATCH else []:
                 try:
                     jsonrpc.classify_message(member)
                 except FrameError as exc:
                     assert exc.code == jsonrpc.INVALID_REQUEST
-            redact(frame.message)
+            redact(message)
             tracer.record("client->bridge", raw, frame.message)
         except Exception as exc:  # every other exception is the finding
             violations += 1

@@ -28,6 +28,8 @@ from acp_bridge.wire.jsonrpc import (
     FrameError,
     Kind,
     NestedTooDeeply,
+    classify_message,
+    decode,
     parse,
     parse_in_full,
 )
@@ -174,8 +176,21 @@ INTERESTING_BYTES = b'{}[],:"\\ 0123456789-.eEtfnu\x00\x1f\x7f\xc3\xa9\xed\xa0\x
 
 
 @st.composite
-def mutated_lines(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(lines()))
+def batch_lines(draw: st.DrawFn) -> bytes:
+    """A batch of generated members with whitespace anywhere json allows it."""
+    members = draw(st.lists(st.one_of(objects(), objects(), written_values()), max_size=5))
+    text = "[" + draw(WHITESPACE)
+    for index, member in enumerate(members):
+        if index:
+            text += draw(WHITESPACE) + "," + draw(WHITESPACE)
+        text += member
+    text += draw(WHITESPACE) + "]"
+    return (draw(WHITESPACE) + text + draw(WHITESPACE)).encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def mutated_lines(draw: st.DrawFn, base: st.SearchStrategy[bytes] | None = None) -> bytes:
+    data = bytearray(draw(lines() if base is None else base))
     for _ in range(draw(st.integers(1, 4))):
         position = draw(st.integers(0, len(data)))
         byte = draw(st.sampled_from(list(INTERESTING_BYTES)))
@@ -258,6 +273,65 @@ def test_parse_agrees_with_parse_in_full_on_generated_lines(raw: bytes) -> None:
 @given(mutated_lines())
 def test_parse_agrees_with_parse_in_full_on_mutated_lines(raw: bytes) -> None:
     assert_agrees(raw)
+
+
+def judged_whole(raw: bytes) -> Frame | tuple[type, int, str]:
+    """What :func:`parse` made of a line when it decoded every line whole, batches too:
+    the frame, or the error's type, code and message."""
+    try:
+        text = raw.decode()
+        if text.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        message = decode(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return (FrameError, PARSE_ERROR, f"The line is not valid JSON: {exc}.")
+    except RecursionError:
+        return (NestedTooDeeply, -32600, "")
+    try:
+        return classify_message(message, raw)
+    except FrameError as exc:
+        return (type(exc), exc.code, exc.message)
+
+
+def assert_judged_as_whole(raw: bytes) -> None:
+    """A batch read a member at a time is the batch json's decoder reads whole, or the
+    same error at the same place."""
+    whole = judged_whole(raw)
+    try:
+        walked: Frame | tuple[type, int, str] = parse(raw)
+    except FrameError as exc:
+        walked = (type(exc), exc.code, "" if isinstance(exc, NestedTooDeeply) else exc.message)
+    if isinstance(whole, Frame):
+        assert isinstance(walked, Frame), (raw, walked)
+        assert walked.raw is raw and walked.kind is whole.kind
+        assert list(walked.message) == list(whole.message), raw
+        if walked.kind is Kind.BATCH:  # a second walk gives the same members
+            assert [m for m, _, _ in walked.message.spans()] == list(whole.message)
+    else:
+        assert walked == whole, raw
+
+
+@SETTINGS
+@given(st.one_of(batch_lines(), mutated_lines(batch_lines())))
+@example(b"[1,]")
+@example(b"[1 2]")
+@example(b"[")
+@example(b"[1,")
+@example(b"[1")
+@example(b"[,1]")
+@example(b"[1,,2]")
+@example(b"[1] x")
+@example(b" [ ]")
+@example(b"[]")
+@example(b"[] x")
+@example(b'[{"a":1e400}]')
+@example(b"[NaN]")
+@example(b'["\\ud800"]')
+@example(b"[" + b"9" * 5000 + b"]")
+@example(b"[" * 3000 + b"]" * 3000)
+@example(b"\xef\xbb\xbf[1]")
+def test_a_batch_read_a_member_at_a_time_is_judged_as_when_read_whole(raw: bytes) -> None:
+    assert_judged_as_whole(raw)
 
 
 @pytest.mark.parametrize(

@@ -216,7 +216,7 @@ class AnswerHold:
                 continue
             if sessions is None:
                 return True
-            for member in message if isinstance(message, list) else [message]:
+            for member in [message] if isinstance(message, dict) else message:
                 params = member.get("params") if isinstance(member, dict) else None
                 named = params.get("sessionId") if isinstance(params, dict) else None
                 if isinstance(named, str) and named in sessions:

@@ -44,6 +44,7 @@ from acp_bridge.core.pending import AgentRequests, ForWaiter, FromClient
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import (
     CANCEL_REQUEST,
+    Batch,
     Frame,
     JsonObject,
     Kind,
@@ -122,12 +123,13 @@ def cancelled_request(message: JsonObject) -> JsonObject | None:
 
 
 MemberKind: TypeAlias = Kind | jsonrpc.FrameError
+_MESSAGES: Final = (Kind.REQUEST, Kind.NOTIFICATION)  # the members that name a method
 # What routing one client message decided: the hop, the message, whether it was changed.
 Routed: TypeAlias = tuple[int, Any, bool]
 
 
 def batch_refusal(
-    members: list[Any], kinds: list[MemberKind], intercepted: frozenset[str]
+    members: Batch, kinds: list[MemberKind], intercepted: frozenset[str]
 ) -> list[JsonObject] | None:
     """The errors a client batch holding an intercepted method is answered with, or None
     if it holds none. Refused whole: answering part of it would split what the client sent
@@ -136,7 +138,7 @@ def batch_refusal(
     refused = [
         member
         for member, kind in zip(members, kinds, strict=True)
-        if kind in (Kind.REQUEST, Kind.NOTIFICATION) and member["method"] in intercepted
+        if kind in _MESSAGES and member["method"] in intercepted
     ]
     if not refused:
         return None
@@ -180,6 +182,55 @@ def _meant_as_answer(member: Any) -> bool:
         and "id" in member
         and is_request_id(member["id"])
     )
+
+
+class BatchParts:
+    """What a batch becomes for each peer it goes to, as bytes: the members the router
+    changed, and runs of members it did not, taken from the batch as they came (a span of
+    its text each). No member's value is kept: a batch at the line limit costs about its
+    own size again, not a value per member."""
+
+    def __init__(self, batch: Batch) -> None:
+        self._batch = batch
+        self._parts: dict[int, list[tuple[int, int] | bytes]] = {}
+        self._run: int | None = None  # the peer the member before went to, unchanged
+        self.changed = False
+
+    def keep(self, peer: int, start: int, end: int) -> None:
+        """The member at ``text[start:end]`` goes to ``peer`` as it came."""
+        parts = self._parts.setdefault(peer, [])
+        if self._run == peer:
+            run_start, _ = parts[-1]  # a run is a span
+            parts[-1] = (run_start, end)  # the separators between them as they came
+        else:
+            parts.append((start, end))
+        self._run = peer
+
+    def replace(self, peer: int, raw: bytes) -> None:
+        """A member goes to ``peer`` changed, as ``raw``."""
+        self._parts.setdefault(peer, []).append(raw)
+        self._run = None
+        self.changed = True
+
+    def drop(self) -> None:
+        """A member goes nowhere (answered by the bridge, or dropped)."""
+        self._run = None
+        self.changed = True
+
+    def frames(self) -> list[tuple[int, bytes]]:
+        """The batch each peer gets: the one that arrived when it goes whole to one."""
+        if not self.changed and len(self._parts) == 1:
+            return [(peer, self._batch.raw) for peer in self._parts]
+        frames = []
+        for peer, parts in self._parts.items():
+            out = bytearray(b"[")
+            for index, part in enumerate(parts):
+                if index:
+                    out += b","
+                out += part if isinstance(part, bytes) else self._batch.written(*part)
+            out += b"]"
+            frames.append((peer, bytes(out)))
+        return frames
 
 
 class Router:
@@ -363,16 +414,21 @@ class Router:
         return hop, {**message, "id": agent_id}, True
 
     def _client_batch(self, frame: Frame) -> None:
-        members: list[Any] = frame.message
-        kinds = [_member_kind(member) for member in members]
-        errors = batch_refusal(members, kinds, self.intercepted)
-        if errors is not None:
+        batch: Batch = frame.message
+        kinds = []
+        intercepted = False
+        for member in batch:
+            kind = _member_kind(member)
+            kinds.append(kind)
+            if kind in _MESSAGES and member["method"] in self.intercepted:
+                intercepted = True
+        if intercepted:
+            errors = batch_refusal(batch, kinds, self.intercepted)
             if errors:
                 self._send(CLIENT, jsonrpc.encode(errors))
             return
-        groups: dict[int, list[Any]] = {}
-        changed = False
-        for member, kind in zip(members, kinds, strict=True):
+        parts = BatchParts(batch)
+        for (member, start, end), kind in zip(batch.spans(), kinds, strict=True):
             if isinstance(kind, jsonrpc.FrameError):
                 # The bridge answers a malformed member itself (under its id when it has a
                 # readable one): nothing but JSON-RPC reaches the agent, and the batch's
@@ -386,17 +442,15 @@ class Router:
             else:
                 routed = self._route_client(kind, member)
             if routed is None:
-                changed = True
+                parts.drop()
                 continue
             hop, message, member_changed = routed
-            changed = changed or member_changed
-            groups.setdefault(hop, []).append(message)
-        if not changed and len(groups) == 1:
-            (hop,) = groups
-            self._send(hop, frame.raw)
-            return
-        for hop, group in groups.items():
-            self._send(hop, jsonrpc.encode(group))
+            if member_changed:
+                parts.replace(hop, jsonrpc.encode(message))
+            else:
+                parts.keep(hop, start, end)
+        for hop, raw in parts.frames():
+            self._send(hop, raw)
 
     def answer_error(
         self, request_id: RequestId, code: int, message: str, data: Any = None
@@ -599,9 +653,9 @@ class Router:
         return {**message, "id": client_id}, True
 
     def _agent_batch(self, hop: int, frame: Frame, events: list[Event]) -> None:
-        kept: list[Any] = []
-        changed = False
-        for member in frame.message:
+        batch: Batch = frame.message
+        parts = BatchParts(batch)
+        for member, start, end in batch.spans():
             kind = _member_kind(member)
             if isinstance(kind, jsonrpc.FrameError):
                 log.warning(
@@ -615,11 +669,12 @@ class Router:
             else:
                 routed = self._route_agent(hop, kind, member, None, events)
             if routed is None:
-                changed = True
-                continue
-            message, member_changed = routed
-            changed = changed or member_changed
-            kept.append(message)
-        if not kept:
-            return
-        self._to_client(hop, jsonrpc.encode(kept) if changed else frame.raw, kept)
+                parts.drop()
+            elif routed[1]:
+                parts.replace(CLIENT, jsonrpc.encode(routed[0]))
+            else:
+                parts.keep(CLIENT, start, end)
+        for _, raw in parts.frames():
+            # What the client may have to wait for is named in the batch as it came (a
+            # member taken out names no session).
+            self._to_client(hop, raw, batch)

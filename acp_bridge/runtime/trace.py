@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from acp_bridge.wire.jsonrpc import JsonObject, decode, encode
+from acp_bridge.wire.jsonrpc import Batch, JsonObject, decode, encode
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -216,6 +216,8 @@ class Tracer:
                 message = decode(raw.decode())
             except (ValueError, RecursionError):
                 message = None
+        elif isinstance(message, Batch):
+            message = list(message)  # written whole below anyway
         entry: dict[str, Any] = {"ts": time.time(), "dir": direction}
         if message is None:
             entry["raw"] = raw.decode(errors="replace")

@@ -13,9 +13,9 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from json.scanner import make_scanner
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
 RequestId: TypeAlias = "int | str | LongInteger | None"
 JsonObject: TypeAlias = dict[str, Any]
@@ -97,7 +97,7 @@ class Frame(NamedTuple):
     made for every line relayed, and a named tuple is as cheap to make as anything)."""
 
     raw: bytes
-    message: Any  # dict for single messages, list for batches
+    message: Any  # dict for single messages, a Batch for batches
     kind: Kind
 
     @property
@@ -137,8 +137,9 @@ def classify_message(message: Any, raw: bytes | None = None) -> Frame:
         raw = encode(message)
     if isinstance(message, list):
         if not message:
-            raise FrameError(INVALID_REQUEST, "An empty batch is not a valid request.")
-        return Frame(raw, message, Kind.BATCH)
+            raise FrameError(INVALID_REQUEST, EMPTY_BATCH)
+        text = raw.decode()
+        return Frame(raw, Batch(raw, text, text.index("[") + 1), Kind.BATCH)
     if not isinstance(message, dict):
         raise FrameError(INVALID_REQUEST, "A JSON-RPC message must be an object.")
     request_id = message.get("id")
@@ -227,6 +228,8 @@ def parse(raw: bytes) -> Frame:
     scanner; anything else, and every line that is not a valid message, goes through
     :func:`parse_in_full`, which gives the same result and the error to answer with.
     """
+    if raw[:1] == b"[":
+        return parse_in_full(raw)  # a batch: never built whole
     try:
         text = raw.decode()
         message, end = _scan_once(text, 0)
@@ -313,12 +316,142 @@ def parse_in_full(raw: bytes) -> Frame:
         if text.startswith("\ufeff"):
             # What json.loads says of a byte order mark (the decoder itself does not check).
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        start = _after_spaces(text, 0)
+        if text.startswith("[", start):
+            return Frame(raw, _read_batch(raw, text, start + 1), Kind.BATCH)
         message = _LENIENT_DECODER.decode(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError(PARSE_ERROR, f"The line is not valid JSON: {exc}.") from None
     except RecursionError:
         raise NestedTooDeeply(INVALID_REQUEST, DEPTH_LIMIT_MESSAGE) from None
     return classify_message(message, raw)
+
+
+class Batch:
+    """The members of a batch, read from its text one at a time each time they are walked.
+
+    A batch is never built whole: a value per member costs about 25 times a small
+    member's text, so a batch at the line limit would take gigabytes. Routing walks the
+    members (twice for a client batch) and keeps what it passes on as bytes: a run of
+    members it does not change goes on as the peer wrote it (:meth:`spans`).
+    :func:`parse` has read every member once, so each walk gives the same members.
+    """
+
+    __slots__ = ("_start", "raw", "text")
+
+    def __init__(self, raw: bytes, text: str, start: int) -> None:
+        self.raw = raw
+        self.text = text
+        self._start = start  # just after the opening bracket
+
+    def __iter__(self) -> Iterator[Any]:
+        for member, _, _ in _members(self.text, self._start, first_read=False):
+            yield member
+
+    def spans(self) -> Iterator[tuple[Any, int, int]]:
+        """Each member with where its text starts and ends (see :meth:`written`)."""
+        return _members(self.text, self._start, first_read=False)
+
+    def written(self, start: int, end: int) -> bytes:
+        """The bytes of ``text[start:end]`` exactly as they came."""
+        if len(self.text) == len(self.raw):  # one byte a character: the same offsets
+            return self.raw[start:end]
+        return self.text[start:end].encode()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Batch):
+            return list(self) == list(other)
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"Batch({self.text[self._start - 1 :][:60]!r}...)"
+
+
+_WHITESPACE: Final = re.compile(r"[ \t\n\r]*")
+EMPTY_BATCH: Final = "An empty batch is not a valid request."
+# Python 3.13 names a comma before a closing bracket; earlier ones expect a value there.
+_NAMES_TRAILING_COMMA: Final = sys.version_info >= (3, 13)
+
+
+def _read_batch(raw: bytes, text: str, start: int) -> Batch:
+    """Read a batch whose opening bracket ends at ``start`` as json's decoder would read
+    it whole (the same errors at the same places), keeping no member."""
+    end = start
+    count = 0
+    for _, _, stop in _members(text, start, first_read=True):
+        end = stop
+        count += 1
+    close = _after_spaces(text, end)  # the closing bracket
+    after = _after_spaces(text, close + 1)
+    if after != len(text):
+        raise json.JSONDecodeError("Extra data", text, after)
+    if not count:
+        raise FrameError(INVALID_REQUEST, EMPTY_BATCH)
+    return Batch(raw, text, start)
+
+
+def _members(text: str, pos: int, *, first_read: bool) -> Iterator[tuple[Any, int, int]]:
+    """The members of the array opened just before ``pos``, each with where its text
+    starts and ends; ValueError where json's decoder would raise it, at the same place.
+
+    The first read raises RecursionError where the decoder does. A later walk may run on a
+    deeper stack than the first read: a member too deep for it is read with more room
+    (its depth is bounded by what the first read took)."""
+    skip = _after_spaces
+    scan = _first_scan if first_read else _scan_member
+    if text[pos : pos + 1] in _SPACES:
+        pos = skip(text, pos)
+    if text.startswith("]", pos):
+        return
+    while True:
+        try:
+            member, end = scan(text, pos)
+        except StopIteration as stop:
+            raise json.JSONDecodeError("Expecting value", text, stop.value) from None
+        yield member, pos, end
+        after = text[end : end + 1]
+        if after in _SPACES:  # empty at the end of the text: in every string
+            end = skip(text, end)
+            after = text[end : end + 1]
+        if after == "]":
+            return
+        if after != ",":
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, end)
+        pos = end + 1
+        if text[pos : pos + 1] in _SPACES:
+            pos = skip(text, pos)
+        if _NAMES_TRAILING_COMMA and text.startswith("]", pos):
+            raise json.JSONDecodeError("Illegal trailing comma before end of array", text, end)
+
+
+_SPACES: Final = " \t\n\r"
+
+
+def _after_spaces(text: str, pos: int) -> int:
+    """Where the whitespace json allows at ``pos`` ends."""
+    match = _WHITESPACE.match(text, pos)
+    return match.end() if match else pos
+
+
+def _first_scan(text: str, pos: int) -> tuple[Any, int]:
+    """A member as json's decoder reads it: integers of any length (the lenient scanner
+    only where the usual one failed: it calls Python for every integer)."""
+    try:
+        return _scan_once(text, pos)
+    except ValueError:
+        return scan_lenient(text, pos)
+
+
+def _scan_member(text: str, pos: int) -> tuple[Any, int]:
+    """A member read before by :func:`_first_scan`, on whatever stack the caller has."""
+    try:
+        return _first_scan(text, pos)
+    except RecursionError:
+        return _with_headroom(lambda: _first_scan(text, pos))
 
 
 def encode(message: Any) -> bytes:
@@ -332,7 +465,7 @@ def encode(message: Any) -> bytes:
     try:
         return _encode(message)
     except RecursionError:
-        return _with_headroom(_encode, message)
+        return _with_headroom(lambda: _encode(message))
 
 
 def _encode(message: Any) -> bytes:
@@ -382,12 +515,15 @@ _RECURSION_LOCK: Final = threading.Lock()
 _HEADROOM: Final = 4
 
 
-def _with_headroom(encoder: Callable[[Any], bytes], message: Any) -> bytes:
+_T = TypeVar("_T")
+
+
+def _with_headroom(work: Callable[[], _T]) -> _T:
     with _RECURSION_LOCK:
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(_HEADROOM * limit)
         try:
-            return encoder(message)
+            return work()
         finally:
             sys.setrecursionlimit(limit)
 
