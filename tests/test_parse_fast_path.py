@@ -311,7 +311,7 @@ def assert_judged_as_whole(raw: bytes) -> None:
         assert walked == whole, raw
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=inputs(600))  # each draws up to five lines
 @given(st.one_of(batch_lines(), mutated_lines(batch_lines())))
 @example(b"[1,]")
 @example(b"[1 2]")
