@@ -18,6 +18,7 @@ from test_ids import Wire
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.registry import AdapterRegistry
+from acp_bridge.runtime.pumps import READ_CHUNK, WAITING_CLIENT_BYTES, WAITING_CLIENT_FRAMES
 from acp_bridge.runtime.relay import Bridge, BridgeOptions
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore, StoreError
@@ -464,3 +465,36 @@ async def test_an_invalid_answer_to_an_intercepted_request_is_an_error_not_a_wai
     assert refused["id"] == "new", refused
     assert refused["error"]["code"] == -32603, refused
     assert "answer" in refused["error"]["message"]
+
+
+async def test_the_client_is_read_no_further_while_too_much_of_it_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every client frame waits behind an intercepted ``initialize``. A client that wrote
+    on while the agent took its time made the bridge hold all of it (50 MiB of small
+    notifications behind a slow agent: 288 MiB more). The bridge stops reading the client
+    while more than a bound waits, as a pipe stops a writer its reader does not keep up
+    with (so many bytes, or so many frames: a small one is kept as about 15 times its
+    bytes), and reads on as the frames go; nothing is lost or reordered."""
+    answer_initialize = trio.Event()
+    notes = [
+        b'{"jsonrpc":"2.0","method":"_x/note","params":{"n":%d}}\n' % n for n in range(200_000)
+    ]
+    data = b"".join(notes)  # about 11 MiB
+    with trio.fail_after(30):
+        async with memory_bridge(
+            initialize=False, agent_options={"initialize_gate": answer_initialize}
+        ) as (bridge, client, agent):
+            await client.send(INITIALIZE)
+            await client.send_stream.send_all(data)
+            await trio.testing.wait_all_tasks_blocked()
+            # At most one read past either bound (a read of notes is about 2,300 frames).
+            gate = bridge.router.gate
+            assert gate.waiting <= WAITING_CLIENT_FRAMES + READ_CHUNK // len(notes[0])
+            assert gate.waiting_bytes <= WAITING_CLIENT_BYTES + READ_CHUNK
+            answer_initialize.set()
+            assert (await client.receive())["id"] == 0
+            await client.send({"jsonrpc": "2.0", "id": "after", "method": "_test/echo"})
+            assert await client.receive() == {"jsonrpc": "2.0", "id": "after", "result": {}}
+    received = [m["params"]["n"] for m in agent.received if m["method"] == "_x/note"]
+    assert received == list(range(len(notes)))

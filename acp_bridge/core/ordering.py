@@ -91,6 +91,8 @@ class Gate:
         self._waiting: deque[tuple[Frame, list[Key], bool]] = deque()
         self.active = False
         """Whether any frame could be held now (kept up to date, read on every frame)."""
+        self.waiting_bytes = 0
+        """How many bytes the frames that wait arrived as."""
 
     def _update(self) -> None:
         self.active = bool(self._holds) or bool(self._waiting)
@@ -124,6 +126,7 @@ class Gate:
         keys, cancels = frame_keys(frame)
         if self._blocked(keys, cancels, len(self._waiting)):
             self._waiting.append((frame, keys, cancels))
+            self.waiting_bytes += len(frame.raw)
             self._update()
             return False
         return True
@@ -143,6 +146,7 @@ class Gate:
         for index, (frame, keys, cancels) in enumerate(self._waiting):
             if not self._blocked(keys, cancels, index):
                 del self._waiting[index]
+                self.waiting_bytes -= len(frame.raw)
                 self._update()
                 return frame
         return None

@@ -51,6 +51,12 @@ log = logging.getLogger("acp_bridge")
 # with the pipe on either side, larger ones cost fewer wake-ups; 128 KiB did best for
 # 1 MiB and 16 MiB frames alike, kept a slow reader's cost flat and notifications fast.
 READ_CHUNK: Final = 1 << 17
+# While more client frames than these wait behind interceptions, the client is not read:
+# bounded, as a pipe stops a writer its reader does not keep up with. An agent that takes
+# its time over ``initialize`` would otherwise have the bridge take in all the client
+# writes meanwhile, kept decoded (a small frame's about 15 times its bytes).
+WAITING_CLIENT_BYTES: Final = 4 << 20
+WAITING_CLIENT_FRAMES: Final = 4096
 LongItem = LongLineStart | LongLinePart | LongLineEnd
 # After the agent exits, how long its stdout may stay silent before it counts as closed.
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
@@ -209,6 +215,8 @@ class Pumps:
                     else:
                         await passing.pass_on(splitter, item)
                 await self.connection.flush_all()
+                if self._too_much_waits():
+                    await self.connection.until(lambda: not self._too_much_waits())
                 if not data:
                     self.connection.client_eof.set()
                     log.debug("client closed its input")
@@ -216,6 +224,10 @@ class Pumps:
                     return
         finally:
             passing.release()
+
+    def _too_much_waits(self) -> bool:
+        gate = self.router.gate
+        return gate.waiting > WAITING_CLIENT_FRAMES or gate.waiting_bytes > WAITING_CLIENT_BYTES
 
     def _lines(
         self,
