@@ -10,13 +10,16 @@ agent itself does not hide the bridge's cost:
 - notifications are counted, and a batch as one; ``bench/count`` answers with how many
   arrived;
 - ``initialize`` gets a minimal v1 answer, so that proxies which wait for it (the bridge
-  chooses its adapter from it, the TypeScript conductor starts the agent on it) relay it.
+  chooses its adapter from it, the TypeScript conductor starts the agent on it) relay it;
+  ``--initialize-after SECONDS`` answers it that late, reading nothing meanwhile, as an
+  agent that takes its time to start.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 INITIALIZE_RESULT = b'{"protocolVersion":1,"agentCapabilities":{},"authMethods":[]}'
 NOTE = (
@@ -26,6 +29,9 @@ NOTE = (
 
 
 def main() -> None:
+    initialize_after = 0.0
+    if sys.argv[1:2] == ["--initialize-after"]:
+        initialize_after = float(sys.argv[2])
     read = sys.stdin.buffer.readline
     out = sys.stdout.buffer
     notes = 0
@@ -42,6 +48,7 @@ def main() -> None:
             params = line[method_end + 11 : line.rindex(b"}")]
             out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + params + b"}\n")
         elif method == b"initialize":
+            time.sleep(initialize_after)
             result = INITIALIZE_RESULT
             out.write(b'{"jsonrpc":"2.0","id":' + request_id + b',"result":' + result + b"}\n")
         elif method == b"bench/flood":
