@@ -467,8 +467,13 @@ async def test_an_invalid_answer_to_an_intercepted_request_is_an_error_not_a_wai
     assert "answer" in refused["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("count", "padding"),
+    [(20_000, 0), (64, 100_000)],
+    ids=["many small frames", "fewer large ones"],
+)
 async def test_the_client_is_read_no_further_while_too_much_of_it_waits(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, count: int, padding: int
 ) -> None:
     """Every client frame waits behind an intercepted ``initialize``. A client that wrote
     on while the agent took its time made the bridge hold all of it (50 MiB of small
@@ -477,10 +482,12 @@ async def test_the_client_is_read_no_further_while_too_much_of_it_waits(
     with (so many bytes, or so many frames: a small one is kept as about 15 times its
     bytes), and reads on as the frames go; nothing is lost or reordered."""
     answer_initialize = trio.Event()
+    pad = b"x" * padding
     notes = [
-        b'{"jsonrpc":"2.0","method":"_x/note","params":{"n":%d}}\n' % n for n in range(200_000)
+        b'{"jsonrpc":"2.0","method":"_x/note","params":{"n":%d,"pad":"%s"}}\n' % (n, pad)
+        for n in range(count)
     ]
-    data = b"".join(notes)  # about 11 MiB
+    data = b"".join(notes)  # 1.1 MiB in 20,000 frames, or 6.1 MiB in 64
     with trio.fail_after(30):
         async with memory_bridge(
             initialize=False, agent_options={"initialize_gate": answer_initialize}
@@ -488,10 +495,10 @@ async def test_the_client_is_read_no_further_while_too_much_of_it_waits(
             await client.send(INITIALIZE)
             await client.send_stream.send_all(data)
             await trio.testing.wait_all_tasks_blocked()
-            # At most one read past either bound (a read of notes is about 2,300 frames).
+            # At most one read past either bound.
             gate = bridge.router.gate
-            assert gate.waiting <= WAITING_CLIENT_FRAMES + READ_CHUNK // len(notes[0])
-            assert gate.waiting_bytes <= WAITING_CLIENT_BYTES + READ_CHUNK
+            assert gate.waiting <= WAITING_CLIENT_FRAMES + READ_CHUNK // len(notes[0]) + 1
+            assert gate.waiting_bytes <= WAITING_CLIENT_BYTES + READ_CHUNK + len(notes[-1])
             answer_initialize.set()
             assert (await client.receive())["id"] == 0
             await client.send({"jsonrpc": "2.0", "id": "after", "method": "_test/echo"})
