@@ -197,12 +197,15 @@ class PreloadedProcess:
         answer: trio.socket.SocketType,
         stdin: trio.lowlevel.FdStream | None,
         stdout: trio.lowlevel.FdStream | None,
+        *,
+        stderr: trio.lowlevel.FdStream | None = None,
     ) -> None:
         self.pid = pid
         self._pidfd = pidfd
         self._answer = answer
         self.stdin = stdin
         self.stdout = stdout
+        self.stderr = stderr
         self.returncode: int | None = None
 
     async def wait(self) -> int:
@@ -224,6 +227,9 @@ class PreloadedProcess:
         if self.returncode is None:
             with contextlib.suppress(ProcessLookupError):  # exited, not reaped yet
                 signal.pidfd_send_signal(self._pidfd, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -306,10 +312,15 @@ class Preloader:
         cwd: str | None = None,
     ) -> PreloadedProcess:
         """``python -m acp_bridge ARGS`` forked, its stdin and stdout pipes to this process,
-        its stderr ``stderr`` (this process's by default)."""
+        its stderr ``stderr`` (this process's by default; a pipe to this process, as
+        ``process.stderr``, for ``subprocess.PIPE``)."""
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
-        error = 2 if stderr is None else stderr if isinstance(stderr, int) else stderr.fileno()
+        stderr_read, stderr_write = os.pipe() if stderr == subprocess.PIPE else (-1, -1)
+        if stderr_write >= 0:
+            error = stderr_write
+        else:
+            error = 2 if stderr is None else stderr if isinstance(stderr, int) else stderr.fileno()
         try:
             connection, pid, pidfd = await trio.to_thread.run_sync(
                 lambda: _request_fork(
@@ -321,18 +332,21 @@ class Preloader:
                 )
             )
         except BaseException:
-            for fd in (stdin_write, stdout_read):
-                os.close(fd)
+            for fd in (stdin_write, stdout_read, stderr_read):
+                if fd >= 0:
+                    os.close(fd)
             raise
         finally:
-            os.close(stdin_read)
-            os.close(stdout_write)
+            for fd in (stdin_read, stdout_write, stderr_write):
+                if fd >= 0:
+                    os.close(fd)
         return PreloadedProcess(
             pid,
             pidfd,
             trio.socket.from_stdlib_socket(connection),
             trio.lowlevel.FdStream(stdin_write),
             trio.lowlevel.FdStream(stdout_read),
+            stderr=trio.lowlevel.FdStream(stderr_read) if stderr_read >= 0 else None,
         )
 
 
@@ -363,6 +377,73 @@ async def bridge_client(
     process = await start_bridge(args, env=env)
     async with client_of(process) as client:
         yield client, process
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A forked bridge run to its end: what :func:`subprocess.run` returns of it."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+async def run(
+    args: Sequence[str],
+    *,
+    stdin: bytes = b"",
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> Ran:
+    """``subprocess.run([python, "-m", "acp_bridge", *args], input=stdin,
+    capture_output=True)``, forked from the session's server: ``stdin`` written and closed,
+    stdout and stderr read to their ends, the exit waited for (killed if cancelled)."""
+    process = await start_bridge(
+        args, env=dict(os.environ) if env is None else env, stderr=subprocess.PIPE, cwd=cwd
+    )
+    stdout, stderr = bytearray(), bytearray()
+
+    async def feed(stream: trio.abc.SendStream) -> None:
+        async with stream:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stream.send_all(stdin)
+
+    async def drain(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+        async with stream:
+            while chunk := await stream.receive_some():
+                into += chunk
+
+    assert process.stdin is not None and process.stdout is not None
+    assert process.stderr is not None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed, process.stdin)
+            nursery.start_soon(drain, process.stdout, stdout)
+            nursery.start_soon(drain, process.stderr, stderr)
+        returncode = await process.wait()
+    except BaseException:
+        process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+        raise
+    return Ran(returncode, bytes(stdout), bytes(stderr))
+
+
+def run_to_end(
+    args: Sequence[str],
+    *,
+    stdin: bytes = b"",
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float = 30.0,
+) -> Ran:
+    """:func:`run` for a test that is not async, within ``timeout`` seconds."""
+
+    async def bounded() -> Ran:
+        with trio.fail_after(timeout):
+            return await run(args, stdin=stdin, env=env, cwd=cwd)
+
+    return trio.run(bounded)
 
 
 def end_session() -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 import trio
 import trio.testing
 from conftest import BridgeLines, RunningBridge, _reap
+from preloaded import start_bridge
 
 from acp_bridge.commands import connect
 from acp_bridge.commands.serve import ListenAddress
@@ -51,13 +50,9 @@ async def open_connect(
         env["ACP_BRIDGE_TOKEN"] = token
     stderr_path = directory / "connect-stderr"
     with stderr_path.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "acp_bridge", "connect", *args, address],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-        )
+        # Forked from a process that has imported the bridge: what comes after the
+        # interpreter's start is the same.
+        process = await start_bridge(["connect", *args, address], env=env, stderr=stderr)
     editor = RunningBridge(directory, process=process, stderr_path=stderr_path)
     try:
         yield editor

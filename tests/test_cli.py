@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import preloaded
 import pytest
 from click.testing import CliRunner
 from memory_agent import FAKE_PYTHON
@@ -22,15 +22,12 @@ OVERRIDE_CAPS = json.dumps({"sessionCapabilities": {"systemPrompt": {"mode": {"o
 
 
 def run_bridge(
-    args: list[str], stdin: bytes, timeout: float = 30
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "acp_bridge", *args],
-        input=stdin,
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
+    args: list[str], stdin: bytes, env: dict[str, str] | None = None, timeout: float = 30
+) -> preloaded.Ran:
+    """``python -m acp_bridge ARGS`` with ``stdin``, run to its end; forked from a process
+    that has imported the bridge (``preloaded``): what comes after the interpreter's start
+    is the same."""
+    return preloaded.run_to_end(args, stdin=stdin, env=env, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -254,13 +251,8 @@ def missing_agent_env(tmp_path: Path) -> dict[str, str]:
 def test_a_preset_whose_agent_is_missing_says_how_to_install_it(
     tmp_path: Path, command: list[str]
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", *command, "--agent", "goose"],
-        input=b"",
-        capture_output=True,
-        timeout=60,
-        check=False,
-        env=missing_agent_env(tmp_path),
+    done = run_bridge(
+        [*command, "--agent", "goose"], b"", env=missing_agent_env(tmp_path), timeout=60
     )
     assert done.returncode != 0
     error = done.stderr.decode()
@@ -270,12 +262,8 @@ def test_a_preset_whose_agent_is_missing_says_how_to_install_it(
 
 
 def test_a_missing_npx_for_the_claude_preset_says_node_is_needed(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "check", "--agent", "claude"],
-        capture_output=True,
-        timeout=60,
-        check=False,
-        env=missing_agent_env(tmp_path),
+    done = run_bridge(
+        ["check", "--agent", "claude"], b"", env=missing_agent_env(tmp_path), timeout=60
     )
     assert done.returncode == 1
     error = done.stderr.decode()
@@ -284,14 +272,7 @@ def test_a_missing_npx_for_the_claude_preset_says_node_is_needed(tmp_path: Path)
 
 def test_the_editor_sees_the_install_hint_in_the_initialize_error(tmp_path: Path) -> None:
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--agent", "goose"],
-        input=init,
-        capture_output=True,
-        timeout=60,
-        check=False,
-        env=missing_agent_env(tmp_path),
-    )
+    done = run_bridge(["--agent", "goose"], init, env=missing_agent_env(tmp_path), timeout=60)
     answer = json.loads(done.stdout.splitlines()[0])
     assert answer["id"] == 1
     assert "GOOSE_BINARY" in json.dumps(answer["error"])
@@ -343,14 +324,7 @@ def test_an_installed_agent_named_like_a_command_still_runs(tmp_path: Path) -> N
     script.chmod(0o755)
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "serv"],
-        input=init,
-        capture_output=True,
-        timeout=30,
-        check=False,
-        env=env,
-    )
+    done = run_bridge(["--state", ":memory:", "serv"], init, env=env, timeout=30)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"]["agentInfo"]["name"] == "fake-agent"
 

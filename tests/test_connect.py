@@ -10,7 +10,6 @@ is.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -21,6 +20,7 @@ from click.testing import CliRunner
 from conftest import fake_agent_argv
 from harness import bridge_env
 from memory_agent import ScriptedSpawner
+from preloaded import start_bridge
 from sidecar import (
     INITIALIZE,
     open_connect,
@@ -227,10 +227,10 @@ async def test_a_turn_in_flight_when_the_sidecar_is_killed_gets_an_error(tmp_pat
     socket_path = tmp_path / "sidecar.sock"
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:",
+    argv = ["serve", "--state", ":memory:",
             "--listen", f"unix:{socket_path}", "--", *fake_agent_argv(agent_dir)]  # fmt: skip
     with trio.fail_after(30):
-        server = await trio.lowlevel.open_process(argv, env=bridge_env(tmp_path))
+        server = await start_bridge(argv, env=bridge_env(tmp_path))
         try:
             await wait_listening(socket_path)
             async with open_connect(f"unix:{socket_path}", tmp_path / "editor") as editor:

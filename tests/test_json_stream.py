@@ -538,3 +538,21 @@ def test_containers_inside_one_too_long_to_scan_are_not_each_scanned_as_far(
         wasted = 0
         assert stream_verdict(line, cuts)
         assert wasted < 2 * json_stream._WHOLE_AT_ONCE, (cuts[:2], wasted)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        '{"d":' * 5 + "[",
+        '[ {\t"a[b":\r[{"{":{ "": [',
+        '{"é:[{" : {"x y":',
+        "[" * 7,
+        '{"k":[' * 3,
+    ],
+)
+def test_a_run_of_openings_is_a_byte_per_container_whatever_its_keys_hold(run: str) -> None:
+    text = f"x,{run}1"
+    end = len(text) - 1
+    assert json_stream._OPENERS.match(text, 2).end() == end  # type: ignore[union-attr]
+    one_at_a_time = bytes(m[0][0] == "{" for m in json_stream._OPENER.finditer(text, 2, end))
+    assert json_stream._opened(text, 2, end) == one_at_a_time

@@ -67,6 +67,11 @@ def written_values(draw: st.DrawFn) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, separators=separators)
 
 
+# The composite strategies are built once, here and below, and drawn from: a strategy built
+# anew for every draw is checked anew each time, which cost more than the tests' lines.
+WRITTEN_VALUES = written_values()
+
+
 def written_key(draw: st.DrawFn, key: str) -> str:
     if draw(st.integers(0, 9)) == 0:
         # The same key with an escape in it, which json reads as the plain key.
@@ -95,7 +100,7 @@ def error_objects(draw: st.DrawFn) -> str:
     order, sometimes repeated (the last one counts) or with a key escaped."""
     members = [("code", draw(CODES)), ("message", draw(MESSAGES))]
     if draw(st.booleans()):
-        members.append(("data", draw(written_values())))
+        members.append(("data", draw(WRITTEN_VALUES)))
     members = [member for member in members if draw(st.integers(0, 9)) > 0]
     for _ in range(draw(st.integers(0, 2))):
         key = draw(st.sampled_from(["code", "message", "x"]))
@@ -108,7 +113,7 @@ def error_objects(draw: st.DrawFn) -> str:
     return "{" + ",".join(written) + draw(WHITESPACE) + "}"
 
 
-ERRORS = st.one_of(error_objects(), error_objects(), error_objects(), st.deferred(written_values))
+ERRORS = st.one_of(error_objects(), error_objects(), error_objects(), WRITTEN_VALUES)
 
 
 @st.composite
@@ -124,7 +129,7 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
         if draw(st.booleans()):
             members.append(("params", draw(params(depth))))
     if shape == "result":
-        members.append((shape, draw(written_values())))
+        members.append((shape, draw(WRITTEN_VALUES)))
     elif shape == "error":
         members.append((shape, draw(ERRORS)))
     for _ in range(draw(st.integers(0, 3))):
@@ -132,13 +137,13 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
         if key == "id":
             value = draw(IDS)
         elif key == "method":
-            value = draw(st.one_of(METHODS.map(json.dumps), written_values()))
+            value = draw(METHOD_VALUES)
         elif key == "params":
             value = draw(params(depth))
         elif key == "error":
             value = draw(ERRORS)
         else:
-            value = draw(written_values())
+            value = draw(WRITTEN_VALUES)
         members.insert(draw(st.integers(0, len(members))), (key, value))
     written = []
     for key, value in members:
@@ -147,28 +152,34 @@ def objects(draw: st.DrawFn, *, depth: int = 0) -> str:
     return "{" + ",".join(written) + draw(WHITESPACE) + "}"
 
 
+METHOD_VALUES = st.one_of(METHODS.map(json.dumps), WRITTEN_VALUES)
+
+
 # One strategy per depth: built anew for every draw it took about a tenth of the CPU of
 # this file and test_short_reads.
 @functools.cache
 def params(depth: int) -> st.SearchStrategy[str]:
     session = st.one_of(TEXTS, SCALARS).map(lambda v: json.dumps({"sessionId": v}))
-    nested = objects(depth=depth + 1) if depth < 2 else written_values()
+    nested = objects(depth=depth + 1) if depth < 2 else WRITTEN_VALUES
     scalar = SCALARS.map(json.dumps)  # not valid params for a request or notification
-    return st.one_of(session, nested, written_values(), scalar)
+    return st.one_of(session, nested, WRITTEN_VALUES, scalar)
+
+
+OBJECTS = objects()
+LINE_TEXTS = st.one_of(
+    OBJECTS,
+    OBJECTS,
+    OBJECTS,
+    OBJECTS,
+    st.lists(OBJECTS, max_size=3).map(lambda items: "[" + ",".join(items) + "]"),
+    WRITTEN_VALUES,
+)
+BATCH_MEMBERS = st.lists(st.one_of(OBJECTS, OBJECTS, WRITTEN_VALUES), max_size=5)
 
 
 @st.composite
 def lines(draw: st.DrawFn) -> bytes:
-    text: str = draw(
-        st.one_of(
-            objects(),
-            objects(),
-            objects(),
-            objects(),
-            st.lists(objects(), max_size=3).map(lambda items: "[" + ",".join(items) + "]"),
-            written_values(),
-        )
-    )
+    text: str = draw(LINE_TEXTS)
     return (draw(WHITESPACE) + text + draw(WHITESPACE)).encode("utf-8", "surrogatepass")
 
 
@@ -178,7 +189,7 @@ INTERESTING_BYTES = b'{}[],:"\\ 0123456789-.eEtfnu\x00\x1f\x7f\xc3\xa9\xed\xa0\x
 @st.composite
 def batch_lines(draw: st.DrawFn) -> bytes:
     """A batch of generated members with whitespace anywhere json allows it."""
-    members = draw(st.lists(st.one_of(objects(), objects(), written_values()), max_size=5))
+    members = draw(BATCH_MEMBERS)
     text = "[" + draw(WHITESPACE)
     for index, member in enumerate(members):
         if index:
@@ -188,13 +199,18 @@ def batch_lines(draw: st.DrawFn) -> bytes:
     return (draw(WHITESPACE) + text + draw(WHITESPACE)).encode("utf-8", "surrogatepass")
 
 
+LINES = lines()
+MUTATIONS = st.sampled_from(["insert", "replace", "delete", "truncate"])
+INTERESTING = st.sampled_from(list(INTERESTING_BYTES))
+
+
 @st.composite
-def mutated_lines(draw: st.DrawFn, base: st.SearchStrategy[bytes] | None = None) -> bytes:
-    data = bytearray(draw(lines() if base is None else base))
+def mutated_lines(draw: st.DrawFn, base: st.SearchStrategy[bytes] = LINES) -> bytes:
+    data = bytearray(draw(base))
     for _ in range(draw(st.integers(1, 4))):
         position = draw(st.integers(0, len(data)))
-        byte = draw(st.sampled_from(list(INTERESTING_BYTES)))
-        operation = draw(st.sampled_from(["insert", "replace", "delete", "truncate"]))
+        byte = draw(INTERESTING)
+        operation = draw(MUTATIONS)
         if operation == "insert" or not data:
             data.insert(position, byte)
         elif operation == "replace":

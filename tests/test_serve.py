@@ -14,9 +14,9 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from functools import partial
 from pathlib import Path
 
+import preloaded
 import pytest
 import trio
 from memory_agent import FAKE_PYTHON, ScriptedSpawner
@@ -300,22 +300,38 @@ async def test_a_probe_that_connects_and_leaves_starts_no_agent(tmp_path: Path) 
     assert not (tmp_path / "agent.pid").exists()
 
 
-def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
+async def said_until(process: preloaded.PreloadedProcess, words: bytes) -> bytes:
+    """What the command wrote on stderr up to the end of the line that holds ``words`` (or
+    to its end); then it is stopped with SIGTERM and waited for."""
+    assert process.stderr is not None
+    said = b""
+    try:
+        with trio.move_on_after(20):
+            while words not in said or not said.endswith(b"\n"):
+                chunk = await process.stderr.receive_some()
+                if not chunk:
+                    break
+                said += chunk
+    finally:
+        process.terminate()
+        with trio.fail_after(10):
+            await process.wait()
+    return said
+
+
+# The commands below run as processes of their own, forked from one that has imported
+# the bridge (``preloaded``): what comes after the interpreter's start is the same.
+
+
+async def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     socket_path = tmp_path / "s.sock"
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv = ["serve", "--state", ":memory:"]
     argv += ["--log-level", "info", "--listen", f"unix:{socket_path}", "--token", "s3cret"]
     argv += ["--", sys.executable]
-    with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) as process:
-        assert process.stderr is not None
-        seen = []
-        for line in process.stderr:
-            seen.append(line)
-            if "listening on" in line:
-                break
-        process.terminate()
-        process.wait(10)
-    assert any("visible to every local user" in line for line in seen), seen
+    process = await preloaded.start_bridge(argv, env=env, stderr=subprocess.PIPE)
+    said = (await said_until(process, b"listening on")).decode()
+    assert "visible to every local user" in said, said
 
 
 async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
@@ -324,26 +340,27 @@ async def test_the_command_reads_the_token_from_a_file(tmp_path: Path) -> None:
     socket_path = tmp_path / "s.sock"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     env.pop("ACP_BRIDGE_TOKEN", None)
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
+    argv = ["serve", "--state", ":memory:"]
     argv += ["--listen", f"unix:{socket_path}", "--token-file", str(token_file)]
     argv += ["--max-connections", "4", "--", *FAKE_PYTHON, FAKE_AGENT]
-    async with trio.open_nursery() as nursery:
-        process = await nursery.start(partial(trio.run_process, argv, env=env, check=False))
-        try:
-            with trio.fail_after(20):
-                await wait_listening(socket_path)
-                answers = []
-                for token in ("wrong", "from-a-file"):
-                    stream = await trio.open_unix_socket(str(socket_path))
-                    async with connect(stream, stream) as client:
-                        params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": token}}}
-                        try:
-                            answers.append(await client.request("initialize", params))
-                        except ClientRequestError as exc:
-                            answers.append(exc.code)
-                    await stream.aclose()
-        finally:
-            process.terminate()
+    process = await preloaded.start_bridge(argv, env=env)
+    try:
+        with trio.fail_after(20):
+            await wait_listening(socket_path)
+            answers = []
+            for token in ("wrong", "from-a-file"):
+                stream = await trio.open_unix_socket(str(socket_path))
+                async with connect(stream, stream) as client:
+                    params = {"protocolVersion": 1, "_meta": {"acp-bridge": {"token": token}}}
+                    try:
+                        answers.append(await client.request("initialize", params))
+                    except ClientRequestError as exc:
+                        answers.append(exc.code)
+                await stream.aclose()
+    finally:
+        process.terminate()
+        with trio.fail_after(10):
+            await process.wait()
     assert answers[0] == -32000
     assert answers[1]["protocolVersion"] == 1
 
@@ -408,22 +425,9 @@ async def test_serve_says_where_it_listens_at_the_default_log_level(
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     env.pop("ACP_BRIDGE_TOKEN", None)
     listen = f"unix:{tmp_path / 's.sock'}" if scheme == "unix" else "tcp://127.0.0.1:0"
-    argv = [sys.executable, "-m", "acp_bridge", "serve", "--state", ":memory:"]
-    argv += ["--listen", listen, "--", *FAKE_PYTHON, FAKE_AGENT]
-    process = await trio.lowlevel.open_process(argv, env=env, stderr=subprocess.PIPE)
-    assert process.stderr is not None
-    said = b""
-    try:
-        with trio.move_on_after(20):
-            while b"\n" not in said:
-                chunk = await process.stderr.receive_some()
-                if not chunk:
-                    break
-                said += chunk
-    finally:
-        process.terminate()
-        with trio.fail_after(10):
-            await process.wait()
+    argv = ["serve", "--state", ":memory:", "--listen", listen, "--", *FAKE_PYTHON, FAKE_AGENT]
+    process = await preloaded.start_bridge(argv, env=env, stderr=subprocess.PIPE)
+    said = await said_until(process, b"")
     first = said.decode().partition("\n")[0]
     assert first.startswith(f"acp-bridge: listening on {scheme}"), said
     if scheme == "unix":
@@ -436,14 +440,7 @@ async def test_serve_says_where_it_listens_at_the_default_log_level(
 def test_the_stdio_modes_stay_silent_at_the_default_log_level(tmp_path: Path) -> None:
     init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    done = subprocess.run(
-        [sys.executable, "-m", "acp_bridge", "--", *FAKE_PYTHON, FAKE_AGENT],
-        input=init,
-        capture_output=True,
-        env=env,
-        timeout=30,
-        check=False,
-    )
+    done = preloaded.run_to_end(["--", *FAKE_PYTHON, FAKE_AGENT], stdin=init, env=env)
     assert done.returncode == 0 and done.stderr == b"", done.stderr
 
 

@@ -10,11 +10,10 @@ import json
 import logging
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, cast
 
+import preloaded
 import pytest
 import trio
 from conftest import FAKE_AGENT, OpenBridge, OpenMemoryBridge
@@ -118,9 +117,8 @@ def test_a_trace_path_that_is_no_regular_file_is_refused(tmp_path: Path) -> None
 def test_the_command_names_a_trace_file_it_cannot_open(tmp_path: Path) -> None:
     link = tmp_path / "trace.jsonl"
     link.symlink_to(tmp_path / "elsewhere")
-    argv = [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--trace", str(link),
-            "--", *FAKE_PYTHON, str(FAKE_AGENT)]  # fmt: skip
-    done = subprocess.run(argv, input=b"", capture_output=True, timeout=30, check=False)
+    argv = ["--state", ":memory:", "--trace", str(link), "--", *FAKE_PYTHON, str(FAKE_AGENT)]
+    done = preloaded.run_to_end(argv)  # forked from a process that has imported the bridge
     assert done.returncode != 0
     stderr = done.stderr.decode()
     assert str(link) in stderr and "symbolic link" in stderr

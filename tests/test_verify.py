@@ -11,8 +11,10 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import preloaded
 import pytest
-from conftest import VerifyReport, run_verify
+import trio
+from conftest import VerifyReport
 from memory_agent import FAKE_PYTHON
 
 from acp_bridge.commands import verify
@@ -167,6 +169,15 @@ def verify_here(
         return VerifyReport(status, out, err)
 
     return run
+
+
+async def run_verify(*args: str, env: dict[str, str], timeout: float) -> VerifyReport:
+    """``python -m acp_bridge verify ARGS`` as a process of its own, whose stderr the tests
+    of the agent's stderr read; forked from one that has imported the bridge
+    (``preloaded``): what comes after the interpreter's start is the same."""
+    with trio.fail_after(timeout):
+        ran = await preloaded.run(["verify", *args], env=env)
+    return VerifyReport(ran.returncode, ran.stdout.decode(), ran.stderr.decode())
 
 
 def agent_log_path(stderr: str) -> Path:

@@ -93,6 +93,10 @@ _DIGITS: Final = re.compile(r"[0-9]{2,}")
 # nesting is entered and left a run at a time.
 _OPENER: Final = re.compile(r'\[[ \t\r]*|\{[ \t\r]*"[^"\\\x00-\x1f]*"[ \t\r]*:[ \t\r]*')
 _OPENERS: Final = re.compile(rf"(?:{_OPENER.pattern})+")
+# A run of openings without its keys, spaces and colons is a byte per container, which
+# _CONTAINER_OF turns into the stack's byte.
+_KEY_TEXT: Final = re.compile(rb'"[^"]*"')
+_CONTAINER_OF: Final = bytes.maketrans(b"[{", b"\x00\x01")
 _BRACKETS: Final = re.compile(r"\[+")
 _CLOSERS: Final = re.compile(r"[\]}]+")
 # A top-level member value kept for routing: an id, a method name.
@@ -803,7 +807,8 @@ def _opened(text: str, pos: int, end: int) -> bytes:
     (each an array, or an object with its first key), a byte each as the stack keeps them."""
     if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
         return bytes(end - pos)  # the usual run: brackets only
-    return bytes(match[0][0] == "{" for match in _OPENER.finditer(text, pos, end))
+    keyed = text[pos:end].encode("utf-8", "surrogatepass")
+    return _KEY_TEXT.sub(b"", keyed).translate(_CONTAINER_OF, b" \t\r:")
 
 
 def _closed(stack: bytearray, text: str, pos: int) -> int:
