@@ -38,6 +38,13 @@ from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
 from acp_bridge.wire.framing import Line, LineSplitter
 
+# The test modules, rewritten for pytest's assertions, are kept compiled in __pycache__
+# as Python keeps modules by default, also where the environment asks for no bytecode
+# (PYTHONDONTWRITEBYTECODE): rewriting and compiling the 150 of them again took about 5 s
+# of CPU in every run. Only this process writes them; the processes the tests start
+# inherit the environment's choice (the bridge's own modules: pytest_sessionstart).
+sys.dont_write_bytecode = False
+
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 
 
