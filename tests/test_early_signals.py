@@ -84,7 +84,12 @@ def test_no_signal_finds_the_default_action_once_an_agent_is_started_early(
     assert "spawn" in notes, stderr.decode()
     first_spawn = notes.index("spawn")
     handled_before = {note for note in notes[:first_spawn] if note.endswith("handled")}
-    assert handled_before == {"15 handled", "1 handled"}, notes
+    # A signal the bridge inherits ignored (SIGHUP under nohup) stays ignored; each of the
+    # others gets its handler before the agent is spawned.
+    not_ignored = [
+        s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN
+    ]
+    assert handled_before == {f"{int(s)} handled" for s in not_ignored}, notes
     assert [note for note in notes if note.endswith("default")] == [], notes
 
 

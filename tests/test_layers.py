@@ -8,6 +8,7 @@ The top-level ``adapters/`` folder is installed as ``acp_bridge.adapters`` and i
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,12 +31,18 @@ def project_modules(root: Path) -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's tree, parsed once per run: several tests walk the same files."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def imported_names(module: str, path: Path) -> Iterator[tuple[str, int]]:
     """Every name ``path`` imports, anywhere in the file (``from a import b``: ``a`` and
     ``a.b``), with its line."""
     is_package = path.name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -206,7 +213,7 @@ def long_classes(root: Path, package: str, exempt: tuple[str, ...] = ()) -> list
     found = []
     for module, path in project_modules(root).items():
         if within(module, package) and not any(within(module, name) for name in exempt):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            for node in ast.walk(parsed(path)):
                 if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
                     lines = node.end_lineno - node.lineno + 1
                     if lines > MAX_CLASS_LINES:
