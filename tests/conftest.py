@@ -11,7 +11,6 @@ same file, in front of the fake agent run as a coroutine.
 from __future__ import annotations
 
 import compileall
-import ctypes
 import io
 import json
 import logging
@@ -75,31 +74,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for package in (acp_bridge.__file__, acp_bridge.adapters.__file__):
         compileall.compile_dir(Path(package).parent, quiet=1)
-
-
-def _heap_trimmer() -> Callable[[], object] | None:
-    """glibc's ``malloc_trim(0)``, where the C library has it."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return lambda: trim(0)
-
-
-TRIM_HEAP = _heap_trimmer()
-
-
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """After the last test of a file, give the C heap's free pages back to the system.
-
-    A test in this process that moves a lot of data (the relay fuzz: 60 -> 230 MB) leaves
-    its freed memory mapped, and every later test whose in-process bridge spawns an agent
-    forks this whole process: the spawn's ``preexec_fn`` rules out vfork, and the fork of a
-    300 MB process took 32 ms of CPU against 6 ms at 10 MB. The relay fuzz's freed memory
-    given back: 226 -> 116 MB.
-    """
-    if TRIM_HEAP is not None and (nextitem is None or nextitem.path != item.path):
-        TRIM_HEAP()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
