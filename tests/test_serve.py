@@ -301,13 +301,14 @@ async def test_a_probe_that_connects_and_leaves_starts_no_agent(tmp_path: Path) 
 
 
 async def said_until(process: preloaded.PreloadedProcess, words: bytes) -> bytes:
-    """What the command wrote on stderr up to the end of the line that holds ``words`` (or
-    to its end); then it is stopped with SIGTERM and waited for."""
+    """What the command wrote on stderr until a whole line holds ``words`` (or until its
+    end, or 20 s); then it is stopped with SIGTERM and waited for."""
     assert process.stderr is not None
     said = b""
     try:
         with trio.move_on_after(20):
-            while words not in said or not said.endswith(b"\n"):
+            # Until the line that holds ``words`` (any line, for b"") is whole.
+            while (at := said.find(words)) < 0 or b"\n" not in said[at:]:
                 chunk = await process.stderr.receive_some()
                 if not chunk:
                     break
