@@ -316,10 +316,10 @@ class Preloader:
         ``process.stderr``, for ``subprocess.PIPE``)."""
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
-        stderr_read, stderr_write = os.pipe() if stderr == subprocess.PIPE else (-1, -1)
-        if stderr_write >= 0:
-            error = stderr_write
+        if stderr == subprocess.PIPE:
+            stderr_read, error = os.pipe()
         else:
+            stderr_read = -1
             error = 2 if stderr is None else stderr if isinstance(stderr, int) else stderr.fileno()
         try:
             connection, pid, pidfd = await trio.to_thread.run_sync(
@@ -337,9 +337,10 @@ class Preloader:
                     os.close(fd)
             raise
         finally:
-            for fd in (stdin_read, stdout_write, stderr_write):
-                if fd >= 0:
-                    os.close(fd)
+            os.close(stdin_read)
+            os.close(stdout_write)
+            if stderr_read >= 0:
+                os.close(error)  # the pipe's write end, the child's now
         return PreloadedProcess(
             pid,
             pidfd,
