@@ -3,6 +3,7 @@ an agent that cannot start is described in words a client can show."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,13 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+from agent_processes import live_processes
 from conftest import OpenBridge, RunningBridge, pid_alive
 from memory_agent import FAKE_PYTHON
 
 from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
+from acp_bridge.supervision.agent_watchdog import MARK_VARIABLE, Watchdog
 
 # The target of spec §3: an agent that honours SIGTERM is gone, and the bridge has exited,
 # within 1 s of the client's EOF or signal.
@@ -187,6 +191,95 @@ async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
         await other.stop(1.0)
         assert not Path(f"/proc/{watchdog}").exists()
         # A stopped agent's private files are the adapter's business, not the watchdog's.
+
+
+# --- between the spawn and the group's name ---------------------------------------------
+
+# An agent that ignores SIGTERM and starts a child, then waits.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+time.sleep(60)
+"""
+
+
+# Execs its arguments 0.3 s after it started, marked with the mark it was given aside.
+LATE_EXEC = f"""
+import os, sys, time
+time.sleep(0.3)
+os.environ[{MARK_VARIABLE!r}] = os.environ.pop("LATE_MARK")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def marked(entry: str, count: int) -> bool:
+    """Whether ``count`` processes holding ``entry`` run, within 10 s."""
+    deadline = time.monotonic() + 10
+    while len(live_processes(entry)) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(live_processes(entry)) >= count
+
+
+@pytest.mark.parametrize("spawned", ["before", "after"])
+def test_an_agent_whose_group_was_never_named_is_found_by_its_mark(spawned: str) -> None:
+    """The bridge dies after marking an agent's environment and before naming its group
+    (the spawn's own moment): the watchdog finds the agent, and its child, by the mark.
+    "after": the bridge is gone before the agent has even reached its exec."""
+    watchdog = Watchdog.start(grace=0.2)
+    env = watchdog.mark(os.environ)
+    entry = f"{MARK_VARIABLE}={env[MARK_VARIABLE]}"
+    bystander = subprocess.Popen(
+        [*FAKE_PYTHON, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, MARK_VARIABLE: "another-watchdogs-mark"},
+        start_new_session=True,
+    )
+    agent = None
+    try:
+        command, agent_env = [*FAKE_PYTHON, "-c", STUBBORN], env
+        if spawned == "after":
+            watchdog.abandon()
+            # A child slow to reach its exec: until then it shows the bridge's environment.
+            command = [*FAKE_PYTHON, "-c", LATE_EXEC, *command]
+            agent_env = {**os.environ, "LATE_MARK": env[MARK_VARIABLE]}
+        agent = subprocess.Popen(command, env=agent_env, start_new_session=True)
+        if spawned == "before":
+            assert marked(entry, 2)  # the agent and its child run
+            watchdog.abandon()
+        agent.wait(timeout=NO_SURVIVOR_AFTER)
+        deadline = time.monotonic() + 1
+        while live_processes(entry) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert live_processes(entry) == []
+        assert pid_alive(bystander.pid)
+    finally:
+        for process in (bystander, agent):
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        watchdog.process.wait()
+
+
+async def test_an_agent_is_spawned_with_no_code_run_between_fork_and_exec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``preexec_fn``: with one, CPython forks the whole bridge (page tables and all)
+    instead of using vfork, at a cost that grows with the bridge's size."""
+    options: list[dict[str, Any]] = []
+
+    class Recorded(subprocess.Popen[bytes]):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            options.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    with trio.fail_after(30):
+        agent = await AgentProcess.start([sys.executable, "-c", "pass"])
+        await agent.stop(1.0)
+    agents = [kwargs for kwargs in options if MARK_VARIABLE in (kwargs.get("env") or {})]
+    assert len(agents) == 1
+    assert all(kwargs.get("preexec_fn") is None for kwargs in options)
 
 
 # --- quick shutdown ----------------------------------------------------------------------

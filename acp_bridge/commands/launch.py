@@ -110,9 +110,9 @@ def agent_command(args: Sequence[str]) -> list[str] | None:
 def start_early(args: Sequence[str]) -> bool:
     """Start the agent now if ``args`` (the bridge's arguments) allow it; whether it did.
 
-    It is supervised from its spawn (spec §3): its watchdog starts first, and the agent
-    names its group to it before it runs, so a bridge killed at any moment after this
-    leaves nothing behind.
+    It is supervised from its spawn (spec §3): its watchdog starts first and can find the
+    agent by its mark until the agent's group is named to it, so a bridge killed at any
+    moment after this leaves nothing behind.
     """
     argv = agent_command(args)
     if argv is None:
@@ -129,13 +129,13 @@ def start_early(args: Sequence[str]) -> bool:
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=watchdog.mark(os.environ),
             start_new_session=True,  # its own process group, as the usual path does
-            # It only writes to a pipe; and no other thread runs yet.
-            preexec_fn=watchdog.child_setup(),  # noqa: PLW1509
         )
     except (OSError, ValueError, subprocess.SubprocessError):
         watchdog.discard()
         return False  # the usual path starts it again and tells the client why it cannot
+    watchdog.watch(process.pid)
     _STARTED[tuple(argv)] = Started(process, watchdog)
     # Should the bridge stop before adopting it (a usage error, say), the agent must not
     # outlive it, nor wait for its watchdog to notice.

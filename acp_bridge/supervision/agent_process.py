@@ -9,9 +9,9 @@ then signals the whole process group (SIGTERM, then SIGKILL after the grace), so
 such as ``npx`` cannot leave their child behind. Should the bridge die without shutting
 down (an editor SIGKILLs it), a watchdog process per group (``agent_watchdog.py``) ends
 the group and removes the agent's private files. The watchdog is started before the
-agent, which names its group to it before it runs (an agent started before the runtime
-loaded brings its own, :mod:`acp_bridge.commands.launch`): there is no moment when an agent runs
-unwatched.
+agent, and the agent carries its mark in its environment until the bridge names its group
+(an agent started before the runtime loaded brings its own,
+:mod:`acp_bridge.commands.launch`): there is no moment when an agent runs unwatched.
 """
 
 from __future__ import annotations
@@ -173,7 +173,6 @@ class AgentProcess:
         """
         if not argv:
             raise AgentStartError("", "the command is empty")
-        env = {**os.environ, **(extra_env or {})}
         try:
             watchdog = Watchdog.start(WATCHDOG_GRACE)
         except OSError as exc:
@@ -181,6 +180,7 @@ class AgentProcess:
             raise AgentStartError(argv[0], cause) from exc
         for path in private_files:
             watchdog.own(os.fspath(path))
+        env = watchdog.mark({**os.environ, **(extra_env or {})})
         try:
             process = await trio.lowlevel.open_process(
                 list(argv),
@@ -190,9 +190,6 @@ class AgentProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                # Unsafe with threads only for code that takes a lock another thread may
-                # hold (imports, logging, I/O objects): this one only writes to a pipe.
-                preexec_fn=watchdog.child_setup(),
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             watchdog.discard()
@@ -202,6 +199,7 @@ class AgentProcess:
         except BaseException:
             watchdog.discard()
             raise
+        watchdog.watch(process.pid)
         log.debug("started agent pid %d: %s", process.pid, argv[0])
         return cls(process, argv, watchdog=watchdog)
 

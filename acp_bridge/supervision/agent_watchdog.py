@@ -8,10 +8,16 @@ a session of its own (so a signal to the bridge's group does not take it along).
 reads a pipe whose only write end the bridge holds, a record at a time (each ends with
 a NUL byte):
 
-* ``G<pgid>``: the process group to end. The agent writes it itself, in the child
-  between fork and exec (:meth:`Watchdog.child_setup`), so the group is watched from
-  its first instant: the watchdog is started before the agent, and no moment exists
-  when the agent runs and the watchdog does not know it;
+* ``M<token>``: an agent is about to start with ``ACP_BRIDGE_WATCHDOG=<token>`` in its
+  environment (:meth:`Watchdog.mark`), written before the spawn;
+* ``G<pgid>``: the agent's process group to end, written as soon as the spawn returns
+  (:meth:`Watchdog.watch`). Should the bridge die between the spawn and this record, the
+  watchdog finds the agent by its mark instead (:func:`marked_groups`, for a few seconds,
+  since the agent may not have reached its ``exec`` yet), so the group is watched from
+  its first instant: the watchdog is started before the agent, and no moment exists when
+  the agent runs and the watchdog cannot find it. (The agent does not name its group
+  itself, between fork and exec: that needs a ``preexec_fn``, and CPython then forks
+  the whole bridge instead of using vfork, which costs with the bridge's size);
 * ``F<path>``: a private file or folder to remove; ``D<path>``: the bridge removed it;
 * ``R``: the bridge stopped the group and removed its files itself; exit quietly;
 * end of file without ``R``: the bridge is gone (the kernel closed its end, whatever
@@ -50,15 +56,22 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable
+    from collections.abc import Mapping
     from typing import Final
 
 POLL: Final = 0.02
 # How long the group of an already dead bridge gets to handle SIGTERM.
 GRACE: Final = 0.5
+# How long a watchdog whose bridge died between an agent's spawn and naming its group
+# looks for the agent by its mark: a child between fork and exec shows the bridge's
+# environment, not its own, until its exec.
+FIND_MARKED: Final = 3.0
+# The environment entry that marks an agent (see ``M`` above).
+MARK_VARIABLE: Final = "ACP_BRIDGE_WATCHDOG"
 _SCRIPT: Final = os.path.abspath(__file__)
 _END: Final = b"\0"
 GROUP: Final = b"G"
+MARKED: Final = b"M"
 OWN: Final = b"F"
 DISOWN: Final = b"D"
 RELEASE: Final = b"R"
@@ -67,10 +80,11 @@ RELEASE: Final = b"R"
 class Watchdog:
     """The bridge's end of one watchdog process: the pipe it reads, and the process.
 
-    :meth:`start` it before the agent, pass :meth:`child_setup` as the agent's
-    ``preexec_fn``; :meth:`release` it once the bridge has stopped the group and removed
-    the files itself. Dropped without :meth:`release` (or :meth:`abandon`-ed), it does
-    what it does when the bridge dies.
+    :meth:`start` it before the agent, start the agent with the environment
+    :meth:`mark` gives and in a session of its own, :meth:`watch` its pid; :meth:`release`
+    it once the bridge has stopped the group and removed the files itself. Dropped
+    without :meth:`release` (or :meth:`abandon`-ed), it does what it does when the
+    bridge dies.
     """
 
     def __init__(self, process: subprocess.Popen[bytes], pipe: int) -> None:
@@ -100,17 +114,18 @@ class Watchdog:
             os.close(read_end)
         return cls(process, write_end)
 
-    def child_setup(self) -> Callable[[], None]:
-        """A ``preexec_fn`` for the agent: in the child, after ``setsid`` and before
-        ``exec``, it names its own group (its pid) to this watchdog. It takes no lock
-        (one ``write`` to a pipe), so it is safe in a process that runs other threads."""
-        pipe = self._pipe
-        assert pipe is not None, "the watchdog was released"
+    def mark(self, environment: Mapping[str, str]) -> dict[str, str]:
+        """``environment`` with a mark of this watchdog's: the agent's environment. Mark
+        the agent before its spawn and :meth:`watch` it after: should the bridge die in
+        between, the watchdog finds it by the mark."""
+        token = os.urandom(8).hex()
+        self._send(MARKED + token.encode())
+        return {**environment, MARK_VARIABLE: token}
 
-        def name_own_group() -> None:
-            os.write(pipe, GROUP + str(os.getpid()).encode() + _END)
-
-        return name_own_group
+    def watch(self, pid: int) -> None:
+        """The agent ``pid`` was started, leading a group of its own: end that group
+        should the bridge die."""
+        self._send(GROUP + str(pid).encode())
 
     def _send(self, record: bytes) -> None:
         # One write of at most PIPE_BUF bytes is atomic; the watchdog reads at once, so
@@ -267,6 +282,31 @@ def end_group(pgid: int, grace: float) -> None:
     signal_processes(escaped, signal.SIGKILL)
 
 
+def marked_groups(entries: list[bytes]) -> list[int]:
+    """The process groups of the running processes whose environment holds one of
+    ``entries`` (``NAME=value``)."""
+    groups = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as environ:
+                held = environ.read().split(b"\0")
+            if any(entry in held for entry in entries):
+                groups.append(os.getpgid(int(name)))
+        except OSError:  # gone, or another user's
+            continue
+    return sorted(set(groups))
+
+
+def _find_marked(entries: list[bytes], patience: float) -> list[int]:
+    """:func:`marked_groups`, looking again until one is found or ``patience`` is over."""
+    deadline = time.monotonic() + patience
+    while not (found := marked_groups(entries)) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    return found
+
+
 def _remove(path: bytes) -> None:
     import shutil
 
@@ -280,6 +320,7 @@ def _remove(path: bytes) -> None:
 def main(argv: list[str]) -> int:
     grace = float(argv[1])
     groups: list[int] = []
+    marks: list[bytes] = []
     owned: dict[bytes, None] = {}  # in the order named
     pending = b""
     while True:
@@ -293,10 +334,14 @@ def main(argv: list[str]) -> int:
                 return 0
             if kind == GROUP:
                 groups.append(int(value))
+            elif kind == MARKED:
+                marks.append(MARK_VARIABLE.encode() + b"=" + value)
             elif kind == OWN:
                 owned[value] = None
             elif kind == DISOWN:
                 owned.pop(value, None)
+    if len(groups) < len(marks):  # the bridge died between a spawn and its group's name
+        groups += _find_marked(marks, FIND_MARKED)
     for pgid in groups:
         end_group(pgid, grace)
     for path in owned:
