@@ -11,13 +11,14 @@ same file, in front of the fake agent run as a coroutine.
 from __future__ import annotations
 
 import compileall
+import gc
 import io
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     for package in (acp_bridge.__file__, acp_bridge.adapters.__file__):
         compileall.compile_dir(Path(package).parent, quiet=1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection built (the modules, their tests, hypothesis' strategies) lives until
+    the end: it is left out of the cyclic collector's passes, which walked all of it at
+    every full pass. The collector took 6.1 s of the non-e2e run's CPU; 3.5 s with this,
+    2.7 s with the freeze after each file below (timed with ``gc.callbacks``)."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """After a test file's last test, what is still alive joins what was frozen: the next
+    files' collections walk only what they made themselves. Garbage is collected first;
+    objects frozen are still freed when their last reference goes."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:  # type: ignore[attr-defined]
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
