@@ -24,7 +24,8 @@ everything that process sends waits.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -84,11 +85,22 @@ def frame_keys(frame: Frame) -> tuple[list[Key], bool]:
 
 
 class Gate:
-    """Which client frames wait behind interceptions, and in what order they are let go."""
+    """Which client frames wait behind interceptions, and in what order they are let go.
+
+    What a frame waits for costs what it names, not how many frames wait: the frames that
+    wait are counted per key, and a walk of the queue (:meth:`releasable`) judges each
+    frame once against the ones before it that stay.
+    """
 
     def __init__(self) -> None:
         self._holds: dict[Key, Hold] = {}
-        self._waiting: deque[tuple[Frame, list[Key], bool]] = deque()
+        self._waiting: list[tuple[Frame, list[Key], bool]] = []
+        # How many waiting frames name each key, and how many name none.
+        self._named: Counter[Key] = Counter()
+        self._unnamed = 0
+        # Counts each hold let go or forwarded: a walk started before must look again at
+        # the frames it passed over.
+        self._loosened = 0
         self.active = False
         """Whether any frame could be held now (kept up to date, read on every frame)."""
         self.waiting_bytes = 0
@@ -122,10 +134,12 @@ class Gate:
         self.hold(keys, token, until_answered=request.method != SESSION_PROMPT)
 
     def admit(self, frame: Frame) -> bool:
-        """Whether ``frame`` may be processed now; if not, it is kept until :meth:`release`."""
+        """Whether ``frame`` may be processed now; if not, it is kept until it is
+        :meth:`releasable`."""
         keys, cancels = frame_keys(frame)
-        if self._blocked(keys, cancels, len(self._waiting)):
+        if self._held(keys, cancels) or _behind(keys, self._unnamed, self._named):
             self._waiting.append((frame, keys, cancels))
+            self._count(keys, 1)
             self.waiting_bytes += len(frame.raw)
             self._update()
             return False
@@ -135,39 +149,66 @@ class Gate:
         for hold in self._holds.values():
             if hold.token == token:
                 hold.forwarded = True
+                self._loosened += 1
 
     def answered(self, token: int) -> None:
         for key in [key for key, hold in self._holds.items() if hold.token == token]:
             del self._holds[key]
+            self._loosened += 1
         self._update()
 
-    def release(self) -> Frame | None:
-        """The first waiting frame that may go now, taken out of the queue (or None)."""
-        for index, (frame, keys, cancels) in enumerate(self._waiting):
-            if not self._blocked(keys, cancels, index):
+    def releasable(self) -> Iterator[Frame]:
+        """The waiting frames that may go now, in order, each taken out of the queue as it
+        is yielded. What the caller holds while it handles one counts for the frames after
+        it; when it lets a hold go, the frames passed over are judged again."""
+        while True:
+            loosened = self._loosened
+            named: Counter[Key] = Counter()  # what the frames passed over name
+            unnamed = index = 0
+            while index < len(self._waiting):
+                frame, keys, cancels = self._waiting[index]
+                if self._held(keys, cancels) or _behind(keys, unnamed, named):
+                    if keys:
+                        named.update(keys)
+                    else:
+                        unnamed += 1
+                    index += 1
+                    continue
                 del self._waiting[index]
+                self._count(keys, -1)
                 self.waiting_bytes -= len(frame.raw)
                 self._update()
-                return frame
-        return None
+                yield frame
+                if self._loosened != loosened:
+                    break
+            else:
+                return
 
-    def _blocked(self, keys: list[Key], cancels: bool, position: int) -> bool:
+    def _held(self, keys: list[Key], cancels: bool) -> bool:
+        """Whether a hold keeps a frame naming ``keys`` waiting."""
         if CONNECTION in self._holds:
             return True
         for key in keys:
             hold = self._holds.get(key)
             if hold is not None and (not hold.forwarded or (hold.until_answered and not cancels)):
                 return True
-        if not keys and position == 0:
-            return False
-        # Frames that wait keep their order: nothing overtakes an earlier frame of its key,
-        # and a frame naming no key does not overtake one that waits for the connection.
-        for index, (_, earlier, _) in enumerate(self._waiting):
-            if index >= position:
-                break
-            if not earlier or any(key in earlier for key in keys):
-                return True
         return False
+
+    def _count(self, keys: list[Key], change: int) -> None:
+        if keys:
+            for key in keys:
+                self._named[key] += change
+                if not self._named[key]:
+                    del self._named[key]
+        else:
+            self._unnamed += change
+
+
+def _behind(keys: list[Key], unnamed: int, named: Counter[Key]) -> bool:
+    """The order rule: frames that wait keep their order. A frame waits behind an earlier
+    one of its keys, and behind any that names none (such a frame waits for the whole
+    connection); a frame naming none waits only behind those."""
+    return bool(unnamed) or any(named[key] for key in keys)
 
 
 class AnswerHold:

@@ -545,7 +545,7 @@ class Router:
 
     def _release(self) -> list[Event]:
         events: list[Event] = []
-        while (frame := self.gate.release()) is not None:
+        for frame in self.gate.releasable():
             self._dispatch_client(frame, events)
         return events
 
