@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -118,15 +119,16 @@ class PlainGate:
 
     def admit(self, frame: Frame) -> bool:
         keys, cancels = frame_keys(frame)
-        if self.blocked(keys, cancels, len(self.waiting)):
+        waits = self.blocked(keys, cancels, len(self.waiting))
+        if waits:
             self.waiting.append((frame, keys, cancels))
-            return False
-        return True
+        return not waits
 
     def forwarded(self, token: int) -> None:
-        for hold in self.holds.values():
-            if hold.token == token:
-                hold.forwarded = True
+        self.holds = {
+            key: replace(hold, forwarded=True) if hold.token == token else hold
+            for key, hold in self.holds.items()
+        }
 
     def answered(self, token: int) -> None:
         self.holds = {key: hold for key, hold in self.holds.items() if hold.token != token}
