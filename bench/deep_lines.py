@@ -1,5 +1,5 @@
 """What judging a line of awkward shape costs: deep nesting, nesting gone wrong near its
-end, many small members.
+end, many small members, integers longer than json reads.
 
     python bench/deep_lines.py [--mib 1]
 
@@ -54,7 +54,15 @@ def shapes(size: int) -> dict[str, bytes]:
         + b",".join([b'{"a":1,"b":[1,2],"c":"x"}'] * (size // 26))
         + b"]",
         "one long string": b'"' + b"x" * size + b'"',
+        "integers of 4,000 digits": numbers(4_000, size),
+        "integers longer than json reads": numbers(5_000, size),
     }
+
+
+def numbers(digits: int, size: int) -> bytes:
+    """An array of integers of ``digits`` digits (json reads up to 4,300)."""
+    number = b"7" * digits
+    return b"[" + b",".join([number] * (size // (digits + 1))) + b"]"
 
 
 def many_members(size: int) -> bytes:

@@ -67,13 +67,16 @@ _CONTROL_IN_STRING: Final = re.compile(r"[\x00-\x1f]")
 # What may follow a number at the end of the text held and still belong to it.
 # Array items that are short scalars, each followed by a comma: matched many at a time
 # (one regular-expression call instead of a Python step per item). Integers longer than
-# json reads (4,300 digits) are left to the scanner, which refuses them.
-_WS_CLASS: Final = r"[ \t\r]*"
+# json reads (4,300 digits) are left to the scanner, which refuses them. The runs of
+# digits, spaces and string characters are possessive (``*+``): what follows one can never
+# be another of its characters, so giving some back can never make a match, and trying it
+# cost a step per character given back (an integer of 5,000 digits: 0.43 ms, 0.02 now).
+_WS_CLASS: Final = r"[ \t\r]*+"
 _SCALAR: Final = (
-    r"(?:-?(?:0|[1-9][0-9]{0,4299})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-    r'|true|false|null|"[^"\\\x00-\x1f]*")'
+    r"(?:-?(?:0|[1-9][0-9]{0,4299}+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?"
+    r'|true|false|null|"[^"\\\x00-\x1f]*+")'
 )
-_FLAT_MEMBER: Final = rf'{_WS_CLASS}"[^"\\\x00-\x1f]*"{_WS_CLASS}:{_WS_CLASS}{_SCALAR}{_WS_CLASS}'
+_FLAT_MEMBER: Final = rf'{_WS_CLASS}"[^"\\\x00-\x1f]*+"{_WS_CLASS}:{_WS_CLASS}{_SCALAR}{_WS_CLASS}'
 # Array items that are short scalars or flat objects of them, each followed by a comma.
 _SCALAR_RUN: Final = re.compile(
     rf"(?:{_WS_CLASS}(?:{_SCALAR}|\{{(?:{_FLAT_MEMBER},)*{_FLAT_MEMBER}\}}|\{{{_WS_CLASS}\}}"
