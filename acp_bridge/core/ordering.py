@@ -39,6 +39,8 @@ Key: TypeAlias = tuple[Any, ...]
 SESSION_CANCEL: Final = "session/cancel"
 INITIALIZE: Final = "initialize"
 SESSION_PROMPT: Final = "session/prompt"
+# What a waiting frame that names no key is counted under.
+_NOTHING: Final[list[Key]] = [("nothing",)]
 
 
 def session_key(session_id: str) -> Key:
@@ -95,9 +97,8 @@ class Gate:
     def __init__(self) -> None:
         self._holds: dict[Key, Hold] = {}
         self._waiting: list[tuple[Frame, list[Key], bool]] = []
-        # How many waiting frames name each key, and how many name none.
+        # How many waiting frames name each key (those naming none: under _NOTHING).
         self._named: Counter[Key] = Counter()
-        self._unnamed = 0
         # Counts each hold let go or forwarded: a walk started before must look again at
         # the frames it passed over.
         self._loosened = 0
@@ -137,9 +138,9 @@ class Gate:
         """Whether ``frame`` may be processed now; if not, it is kept until it is
         :meth:`releasable`."""
         keys, cancels = frame_keys(frame)
-        if self._held(keys, cancels) or _behind(keys, self._unnamed, self._named):
+        if self._held(keys, cancels) or _behind(keys, self._named):
             self._waiting.append((frame, keys, cancels))
-            self._count(keys, 1)
+            self._named.update(keys or _NOTHING)
             self.waiting_bytes += len(frame.raw)
             self._update()
             return False
@@ -163,19 +164,19 @@ class Gate:
         it; when it lets a hold go, the frames passed over are judged again."""
         while True:
             loosened = self._loosened
-            named: Counter[Key] = Counter()  # what the frames passed over name
-            unnamed = index = 0
+            passed: Counter[Key] = Counter()  # what the frames passed over name
+            index = 0
             while index < len(self._waiting):
                 frame, keys, cancels = self._waiting[index]
-                if self._held(keys, cancels) or _behind(keys, unnamed, named):
-                    if keys:
-                        named.update(keys)
-                    else:
-                        unnamed += 1
+                if self._held(keys, cancels) or _behind(keys, passed):
+                    passed.update(keys or _NOTHING)
                     index += 1
                     continue
                 del self._waiting[index]
-                self._count(keys, -1)
+                for key in keys or _NOTHING:
+                    self._named[key] -= 1
+                    if not self._named[key]:
+                        del self._named[key]
                 self.waiting_bytes -= len(frame.raw)
                 self._update()
                 yield frame
@@ -194,21 +195,13 @@ class Gate:
                 return True
         return False
 
-    def _count(self, keys: list[Key], change: int) -> None:
-        if keys:
-            for key in keys:
-                self._named[key] += change
-                if not self._named[key]:
-                    del self._named[key]
-        else:
-            self._unnamed += change
 
-
-def _behind(keys: list[Key], unnamed: int, named: Counter[Key]) -> bool:
-    """The order rule: frames that wait keep their order. A frame waits behind an earlier
-    one of its keys, and behind any that names none (such a frame waits for the whole
-    connection); a frame naming none waits only behind those."""
-    return bool(unnamed) or any(named[key] for key in keys)
+def _behind(keys: list[Key], named: Counter[Key]) -> bool:
+    """The order rule, given what the frames before it name: frames that wait keep their
+    order. A frame waits behind an earlier one of its keys, and behind any that names none
+    (such a frame waits for the whole connection); a frame naming none waits only behind
+    those."""
+    return bool(named[_NOTHING[0]]) or any(named[key] for key in keys)
 
 
 class AnswerHold:
