@@ -30,9 +30,11 @@ WAITING = 2_000
 LINES_PER_FRAME = 40
 
 
-def notification(session: str | None, n: int) -> Frame:
-    params: dict[str, Any] = {"n": n} if session is None else {"sessionId": session, "n": n}
-    text = {"jsonrpc": "2.0", "method": "session/x", "params": params}
+def notification(session: str | None, method: str = "session/x", **params: Any) -> Frame:
+    """A notification naming ``session`` (None: naming none), with ``params`` besides."""
+    if session is not None:
+        params["sessionId"] = session
+    text = {"jsonrpc": "2.0", "method": method, "params": params}
     return jsonrpc.parse(json.dumps(text).encode())
 
 
@@ -61,8 +63,8 @@ def test_a_frame_that_may_go_costs_the_same_however_many_frames_wait() -> None:
     gate = Gate()
     gate.hold([session_key("a")], 1, until_answered=True)
     for n in range(WAITING):
-        assert not gate.admit(notification("a", n))
-    others = [notification("b", n) for n in range(WAITING)]
+        assert not gate.admit(notification("a", n=n))
+    others = [notification("b", n=n) for n in range(WAITING)]
     with lines_run(ordering) as count:
         assert all(gate.admit(frame) for frame in others)
     assert count[0] <= LINES_PER_FRAME * len(others)
@@ -75,9 +77,9 @@ def test_frames_let_go_behind_frames_that_stay_cost_what_they_name() -> None:
     gate.hold([session_key("a")], 1, until_answered=True)
     gate.hold([session_key("b")], 2, until_answered=True)
     for n in range(WAITING):
-        gate.admit(notification("a", n))
+        gate.admit(notification("a", n=n))
     for n in range(WAITING):
-        gate.admit(notification("b", n))
+        gate.admit(notification("b", n=n))
     gate.answered(2)
     with lines_run(ordering) as count:
         released = list(gate.releasable())
@@ -222,11 +224,8 @@ def release_all(gate: Any) -> list[bytes]:
 
 
 def notify(session: str | None, then: Any = None, method: str = "session/x") -> tuple[str, Frame]:
-    params: dict[str, Any] = {"then": then}
-    if session is not None:
-        params["sessionId"] = session
-    text = {"jsonrpc": "2.0", "method": method, "params": params}
-    return ("admit", jsonrpc.parse(json.dumps(text).encode()))
+    """The step that admits a notification whose handler does ``then``."""
+    return ("admit", notification(session, method, then=then))
 
 
 # Frames let go while others stay, and one of them ends the hold those others wait for.
