@@ -64,7 +64,6 @@ _CLOSER_OF: Final = bytes.maketrans(b"\x00\x01", b"]}")  # an open container's b
 _WS: Final = re.compile(r"[ \t\n\r]*")
 # A string body with escapes, up to its closing quote (or an escape it cannot judge yet).
 _CONTROL_IN_STRING: Final = re.compile(r"[\x00-\x1f]")
-# What may follow a number at the end of the text held and still belong to it.
 # Array items that are short scalars, each followed by a comma: matched many at a time
 # (one regular-expression call instead of a Python step per item). Integers longer than
 # json reads (4,300 digits) are left to the scanner, which refuses them. The runs of
@@ -85,6 +84,7 @@ _SCALAR_RUN: Final = re.compile(
 _WHOLE_AT_ONCE: Final = 64 * 1024  # a container is judged by json's scanner up to this size
 _SCAN_WINDOWS: Final = (2 * 1024, _WHOLE_AT_ONCE)  # most are small: a short look first
 _RUN_WINDOW: Final = 16 * 1024  # longer matches slow the engine down and cost it memory
+# What may follow a number at the end of the text held and still belong to it.
 _NUMBER_REST: Final = re.compile(r"[0-9.eE+-]*")
 _NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 # What a number may start as and still be completed.
