@@ -204,15 +204,6 @@ time.sleep(60)
 """
 
 
-# Execs its arguments 0.3 s after it started, marked with the mark it was given aside.
-LATE_EXEC = f"""
-import os, sys, time
-time.sleep(0.3)
-os.environ[{MARK_VARIABLE!r}] = os.environ.pop("LATE_MARK")
-os.execv(sys.argv[1], sys.argv[1:])
-"""
-
-
 def marked(entry: str, count: int) -> bool:
     """Whether ``count`` processes holding ``entry`` run, within 10 s."""
     deadline = time.monotonic() + 10
@@ -221,11 +212,9 @@ def marked(entry: str, count: int) -> bool:
     return len(live_processes(entry)) >= count
 
 
-@pytest.mark.parametrize("spawned", ["before", "after"])
-def test_an_agent_whose_group_was_never_named_is_found_by_its_mark(spawned: str) -> None:
-    """The bridge dies after marking an agent's environment and before naming its group
-    (the spawn's own moment): the watchdog finds the agent, and its child, by the mark.
-    "after": the bridge is gone before the agent has even reached its exec."""
+def test_an_agent_whose_group_was_never_named_is_found_by_its_mark() -> None:
+    """The bridge dies after the agent's exec and before naming its group: the watchdog
+    finds the agent, and its child, by the mark, and only them."""
     watchdog = Watchdog.start(grace=0.2)
     env = watchdog.mark(os.environ)
     entry = f"{MARK_VARIABLE}={env[MARK_VARIABLE]}"
@@ -236,16 +225,9 @@ def test_an_agent_whose_group_was_never_named_is_found_by_its_mark(spawned: str)
     )
     agent = None
     try:
-        command, agent_env = [*FAKE_PYTHON, "-c", STUBBORN], env
-        if spawned == "after":
-            watchdog.abandon()
-            # A child slow to reach its exec: until then it shows the bridge's environment.
-            command = [*FAKE_PYTHON, "-c", LATE_EXEC, *command]
-            agent_env = {**os.environ, "LATE_MARK": env[MARK_VARIABLE]}
-        agent = subprocess.Popen(command, env=agent_env, start_new_session=True)
-        if spawned == "before":
-            assert marked(entry, 2)  # the agent and its child run
-            watchdog.abandon()
+        agent = subprocess.Popen([*FAKE_PYTHON, "-c", STUBBORN], env=env, start_new_session=True)
+        assert marked(entry, 2)  # the agent and its child run
+        watchdog.abandon()
         agent.wait(timeout=NO_SURVIVOR_AFTER)
         deadline = time.monotonic() + 1
         while live_processes(entry) and time.monotonic() < deadline:
@@ -259,6 +241,72 @@ def test_an_agent_whose_group_was_never_named_is_found_by_its_mark(spawned: str)
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         watchdog.process.wait()
+
+
+# A bridge that marks an agent and is SIGKILLed before naming its group: "unspawned" before
+# its spawn began, "forked" while the spawn's child is between fork and exec (it has
+# closed the bridge's descriptors, as ``close_fds`` does, and is slow to reach its exec).
+SPAWNING_BRIDGE = """
+import os, signal, sys, time
+from acp_bridge.supervision.agent_watchdog import Watchdog
+watchdog = Watchdog.start(grace=0.2)
+env = watchdog.mark(os.environ)
+if sys.argv[1] == "forked" and os.fork() == 0:
+    os.setsid()
+    os.closerange(3, 65536)
+    time.sleep(0.3)
+    os.execve("/bin/sh", ["sh", "-c", sys.argv[2], sys.argv[3]], env)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+# An agent that leaves a file behind as soon as it runs (a shell: within a millisecond of
+# its exec), ignores SIGTERM and starts a child.
+RECORDED = 'trap "" TERM; : > "$0"; sleep 60 & wait'
+
+
+@pytest.mark.parametrize("moment", ["unspawned", "forked"])
+def test_a_bridge_killed_within_an_agents_spawn_leaves_nothing(tmp_path: Path, moment: str) -> None:
+    """Nothing is left at once, the watchdog included, and an agent whose bridge died
+    before its exec never runs."""
+    entry = f"ACP_BRIDGE_TEST_TRIAL={os.urandom(8).hex()}"
+    ran = tmp_path / "ran"
+    bridge = subprocess.Popen(
+        [sys.executable, "-c", SPAWNING_BRIDGE, moment, RECORDED, str(ran)],
+        env={**os.environ, "ACP_BRIDGE_TEST_TRIAL": entry.split("=", 1)[1]},
+    )
+    try:
+        assert bridge.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 1
+        while live_processes(entry) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert live_processes(entry) == []
+        time.sleep(0.5)  # long after the forked child would have reached its exec
+        assert not ran.exists()
+    finally:
+        for pid in live_processes(entry):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_forked_child_of_a_live_process_is_not_taken_for_a_dead_bridges_spawn() -> None:
+    """A child between fork and exec is the dead bridge's only if its parent no longer
+    shares the bridge's memory: this one's parent (this process, the watchdog's bridge
+    here) still runs, as a sibling bridge forked from the same process would."""
+    watchdog = Watchdog.start(grace=0.2)
+    watchdog.mark(os.environ)
+    child = os.fork()
+    if child == 0:  # as a spawn's child is before its exec: a session of its own, and
+        os.setsid()  # none of its parent's descriptors (this watchdog's pipe with them)
+        os.closerange(3, 65536)
+        time.sleep(5)
+        os._exit(0)
+    try:
+        watchdog.abandon()
+        assert watchdog.process.wait(timeout=NO_SURVIVOR_AFTER) == 0
+        assert pid_alive(child)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 async def test_an_agent_is_spawned_with_no_code_run_between_fork_and_exec(

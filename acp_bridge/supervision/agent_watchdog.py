@@ -11,13 +11,17 @@ a NUL byte):
 * ``M<token>``: an agent is about to start with ``ACP_BRIDGE_WATCHDOG=<token>`` in its
   environment (:meth:`Watchdog.mark`), written before the spawn;
 * ``G<pgid>``: the agent's process group to end, written as soon as the spawn returns
-  (:meth:`Watchdog.watch`). Should the bridge die between the spawn and this record, the
-  watchdog finds the agent by its mark instead (:func:`marked_groups`, for a few seconds,
-  since the agent may not have reached its ``exec`` yet), so the group is watched from
-  its first instant: the watchdog is started before the agent, and no moment exists when
-  the agent runs and the watchdog cannot find it. (The agent does not name its group
-  itself, between fork and exec: that needs a ``preexec_fn``, and CPython then forks
-  the whole bridge instead of using vfork, which costs with the bridge's size);
+  (:meth:`Watchdog.watch`). Should the bridge die between its mark and this record, the
+  watchdog looks once (:func:`unnamed_groups`) for an agent that has reached its
+  ``exec`` (it holds the mark) and for a spawn's child that has not (it still shares the
+  dead bridge's memory, which ``/proc/PID/stat`` describes: the watchdog is given that
+  description on its command line, :func:`memory_signature`), and ends the group of
+  each. Finding neither, it knows that no spawn began, and exits at once. So the group
+  is watched from its first instant: the watchdog is started before the agent, and no
+  moment exists when the agent runs and the watchdog cannot find it. (The agent does
+  not name its group itself, between fork and exec: that needs a ``preexec_fn``, and
+  CPython then forks the whole bridge instead of using vfork, which costs with the
+  bridge's size);
 * ``F<path>``: a private file or folder to remove; ``D<path>``: the bridge removed it;
 * ``R``: the bridge stopped the group and removed its files itself; exit quietly;
 * end of file without ``R``: the bridge is gone (the kernel closed its end, whatever
@@ -39,8 +43,8 @@ grandchildren behind ``npx`` or a shell, and it fires when the *thread* that for
 child exits, which under trio is a worker thread that retires after 10 s of idleness.
 
 Standard library only, for both ends: :mod:`acp_bridge.commands.launch` starts a watchdog before
-anything heavy is imported, and the script (``python -I -S agent_watchdog.py GRACE``,
-the pipe as stdin) starts in milliseconds without the bridge's packages.
+anything heavy is imported, and the script (``python -I -S agent_watchdog.py GRACE
+BRIDGE``, the pipe as stdin) starts in milliseconds without the bridge's packages.
 """
 
 from __future__ import annotations
@@ -62,10 +66,16 @@ if TYPE_CHECKING:
 POLL: Final = 0.02
 # How long the group of an already dead bridge gets to handle SIGTERM.
 GRACE: Final = 0.5
-# How long a watchdog whose bridge died between an agent's spawn and naming its group
-# looks for the agent by its mark: a child between fork and exec shows the bridge's
-# environment, not its own, until its exec.
+# How long a watchdog whose bridge died between an agent's mark and naming its group
+# looks again for a process in the middle of its exec (:func:`unnamed_groups`: the
+# kernel's work of a few milliseconds) ...
+IN_EXEC: Final = 0.5
+# ... or, where ``/proc`` does not describe processes' memory, for the mark at all.
 FIND_MARKED: Final = 3.0
+# Where a process's code, stack, arguments and environment lie: the fields of
+# ``/proc/PID/stat`` (counted from the state, the first after the command) that a child
+# between fork (or vfork) and exec shares with its parent, and that any exec replaces.
+_MEMORY_FIELDS: Final = (23, 24, 25, 44, 45, 46, 47, 48)
 # The environment entry that marks an agent (see ``M`` above).
 MARK_VARIABLE: Final = "ACP_BRIDGE_WATCHDOG"
 _SCRIPT: Final = os.path.abspath(__file__)
@@ -100,7 +110,7 @@ class Watchdog:
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
             process = subprocess.Popen(
-                [sys.executable, "-I", "-S", _SCRIPT, str(grace)],
+                [sys.executable, "-I", "-S", _SCRIPT, str(grace), _bridge()],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 # Its own session: a signal to the bridge's process group must not take
@@ -282,29 +292,96 @@ def end_group(pgid: int, grace: float) -> None:
     signal_processes(escaped, signal.SIGKILL)
 
 
-def marked_groups(entries: list[bytes]) -> list[int]:
-    """The process groups of the running processes whose environment holds one of
-    ``entries`` (``NAME=value``)."""
-    groups = []
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def memory_signature(fields: list[bytes]) -> bytes:
+    """Where the memory of the process with these stat ``fields`` lies (all ``0`` for a
+    process that has let go of its memory: a dying one, a zombie, a kernel thread)."""
+    try:
+        return b",".join(fields[index] for index in _MEMORY_FIELDS)
+    except IndexError:
+        return b""
+
+
+def _bridge() -> str:
+    """This process, as its watchdogs are told: ``PID:SIGNATURE``, the signature empty
+    where ``/proc`` does not show it."""
+    fields = _stat("self")
+    signature = memory_signature(fields) if fields is not None else b""
+    if not signature.strip(b"0,"):
+        signature = b""
+    return f"{os.getpid()}:{signature.decode()}"
+
+
+def unnamed_groups(
+    entries: list[bytes], bridge: int, signature: bytes, since: int
+) -> tuple[list[int], bool]:
+    """The process groups a dead bridge (pid ``bridge``, memory ``signature``) may have
+    started without naming them: those of the processes whose environment holds one of
+    ``entries`` (``NAME=value``), and those of its spawns' children that have not reached
+    their ``exec`` yet; and whether a process started since ``since`` (clock ticks after
+    boot) may be in the middle of its exec (neither yet: look again).
+
+    A spawn's child before its exec shares the bridge's memory, and leads a session of
+    its own by the time it has closed the bridge's descriptors (its pipe to this
+    watchdog with them): it is told from the bridge's other relatives by its session,
+    its start (after this watchdog's) and its parent, which no longer shares that memory
+    (the bridge let go of it before its descriptors closed; a live process forked from
+    the same program, such as a sibling's spawn, has a parent that still does).
+    """
+    table = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+        if name.isdigit() and (fields := _stat(name)) is not None and fields[0] != b"Z":
+            table[int(name)] = fields
+    groups = set()
+    unsure = False
+    for pid, fields in table.items():  # each one's stat was read before its environment
         try:
-            with open(f"/proc/{name}/environ", "rb") as environ:
+            session, started = int(fields[3]), int(fields[19])
+        except (IndexError, ValueError):
+            continue
+        leader = session == pid and started >= since and pid != bridge
+        if leader and signature and memory_signature(fields) == signature:
+            parent = table.get(int(fields[1]))
+            if parent is None or memory_signature(parent) != signature:
+                groups.add(pid)
+                continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
                 held = environ.read().split(b"\0")
             if any(entry in held for entry in entries):
-                groups.append(os.getpgid(int(name)))
+                groups.add(os.getpgid(pid))
+            elif held == [b""] and leader:
+                unsure = True
         except OSError:  # gone, or another user's
             continue
-    return sorted(set(groups))
+    return sorted(groups), unsure
 
 
-def _find_marked(entries: list[bytes], patience: float) -> list[int]:
-    """:func:`marked_groups`, looking again until one is found or ``patience`` is over."""
-    deadline = time.monotonic() + patience
-    while not (found := marked_groups(entries)) and time.monotonic() < deadline:
+def _find_unnamed(entries: list[bytes], bridge: str) -> list[int]:
+    """:func:`unnamed_groups`, looking again while a process may be in the middle of its
+    exec (for at most :data:`IN_EXEC`). Without the bridge's memory signature (``bridge``
+    as :func:`_bridge` wrote it), it looks for the mark until one is found or
+    :data:`FIND_MARKED` is over."""
+    pid, _, signature = bridge.partition(":")
+    own = _stat("self")
+    since = int(own[19]) if own is not None else 0
+    deadline = time.monotonic() + (IN_EXEC if signature else FIND_MARKED)
+    found: set[int] = set()
+    while True:
+        groups, unsure = unnamed_groups(entries, int(pid or 0), signature.encode(), since)
+        found.update(groups)
+        done = not unsure if signature else bool(found)
+        if done or time.monotonic() >= deadline:
+            return sorted(found)
         time.sleep(POLL)
-    return found
 
 
 def _remove(path: bytes) -> None:
@@ -319,6 +396,7 @@ def _remove(path: bytes) -> None:
 
 def main(argv: list[str]) -> int:
     grace = float(argv[1])
+    bridge = argv[2] if len(argv) > 2 else ":"
     groups: list[int] = []
     marks: list[bytes] = []
     owned: dict[bytes, None] = {}  # in the order named
@@ -340,8 +418,8 @@ def main(argv: list[str]) -> int:
                 owned[value] = None
             elif kind == DISOWN:
                 owned.pop(value, None)
-    if len(groups) < len(marks):  # the bridge died between a spawn and its group's name
-        groups += _find_marked(marks, FIND_MARKED)
+    if len(groups) < len(marks):  # the bridge died between a mark and its group's name
+        groups += _find_unnamed(marks, bridge)
     for pgid in groups:
         end_group(pgid, grace)
     for path in owned:
