@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 import tracemalloc
 
 import pytest
@@ -548,11 +549,119 @@ def test_containers_inside_one_too_long_to_scan_are_not_each_scanned_as_far(
         '{"é:[{" : {"x y":',
         "[" * 7,
         '{"k":[' * 3,
+        '[1,[true, "x" ,{"a":1,"b":null,"c":[-0.5e3,\t"]{",[',
+        '{"a":"[{",  "b":-1.5E+3,"c":[ [ 0,false,{"":"","d":[',
     ],
 )
 def test_a_run_of_openings_is_a_byte_per_container_whatever_its_keys_hold(run: str) -> None:
+    """A byte per container the run opens, the scalars, keys and strings before each
+    opening skipped (a string's brackets are not openings)."""
     text = f"x,{run}1"
     end = len(text) - 1
     assert json_stream._OPENERS.match(text, 2).end() == end  # type: ignore[union-attr]
-    one_at_a_time = bytes(m[0][0] == "{" for m in json_stream._OPENER.finditer(text, 2, end))
-    assert json_stream._opened(text, 2, end) == one_at_a_time
+    containers, in_string = [], False
+    for char in run:
+        if char == '"':
+            in_string = not in_string
+        elif char in "[{" and not in_string:
+            containers.append(char == "{")
+    assert json_stream._opened(text, 2, end) == bytes(containers)
+
+
+def test_deep_nesting_with_items_before_each_opening_is_entered_a_run_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scalar items or members before each opening (``[1,[1,…``, ``{"a":1,"b":{…``) made
+    each level a few Python steps: a MiB of ``[1,`` took about a second to judge."""
+    for opener, closer in [
+        (b"[1,", b"]"),
+        (b'{"a":1,"b":', b"}"),
+        (b'[ "x" , {"k":null,"d":', b"}]"),
+    ]:
+        inner = nested(20_000, opener, closer)
+        message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % inner
+        for cuts in ([], list(range(0, len(message), 128 * 1024))):
+            calls, _ = judging_work(message, cuts, monkeypatch)
+            assert calls <= len(message) // 8, (opener, len(cuts), calls, len(message))
+
+
+# Between and around the openings of a deep line: scalar items, members, whitespace.
+DEEP_SCALARS = ["1", "-0.5e3", "0", "true", "null", '"x"', '"]{"', '"é"', '"a\\"b"', "1e+2"]
+DEEP_KEYS = ['"d"', '""', '"[{"', '"k y"', '"\\u0041"']
+DEEP_SPACES = ["", "", "", " ", "\t", "\r", " \t "]
+
+
+def deep_line(rng: random.Random, levels: int) -> bytes:
+    """A value ``levels`` deep, each level an array or object with some scalar items or
+    members before the next level and some after it."""
+
+    def space() -> str:
+        return rng.choice(DEEP_SPACES)
+
+    def key() -> str:
+        return f"{space()}{rng.choice(DEEP_KEYS)}{space()}:{space()}"
+
+    openings, closings = [], []
+    for _ in range(levels):
+        scalars = [rng.choice(DEEP_SCALARS) for _ in range(rng.choice([0, 0, 1, 2]))]
+        after = [rng.choice(DEEP_SCALARS) for _ in range(rng.choice([0, 0, 0, 1]))]
+        if rng.random() < 0.6:
+            items = "".join(f"{space()}{item}{space()}," for item in scalars)
+            openings.append(f"[{space()}{items}{space()}")
+            closings.append("".join(f",{space()}{item}" for item in after) + f"{space()}]")
+        else:
+            members = "".join(f"{key()}{item}{space()}," for item in scalars)
+            openings.append("{" + members + key())
+            tail = "".join(f",{key()}{item}" for item in after)
+            closings.append(f"{tail}{space()}}}")
+    return ("".join(openings) + rng.choice(DEEP_SCALARS) + "".join(reversed(closings))).encode()
+
+
+def json_verdict_deep(raw: bytes) -> bool:
+    """json's verdict on ``raw`` however deep: read in a thread with room for the
+    recursion (the bridge's own limit makes json give up past about 1,000 levels)."""
+    verdict: list[bool] = []
+
+    def read() -> None:
+        try:
+            json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            verdict.append(False)
+        else:
+            verdict.append(True)
+
+    limit, size = sys.getrecursionlimit(), threading.stack_size(512 << 20)
+    sys.setrecursionlimit(100_000)
+    try:
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join()
+    finally:
+        sys.setrecursionlimit(limit)
+        threading.stack_size(size)
+    return verdict[0]
+
+
+@settings(max_examples=inputs(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.integers(0, 2**32), st.integers(1_050, 2_500), st.integers(0, 3))
+def test_deep_lines_of_mixed_openings_get_the_parsers_verdict(
+    seed: int, levels: int, mutations: int
+) -> None:
+    """Deep enough that json's scanner gives up and the validator enters the nesting a run
+    of openings at a time; whole or damaged, in any pieces, judged as json judges it.
+    (A seed, not drawn choices: a line makes thousands of them.)"""
+    rng = random.Random(seed)
+    line = bytearray(deep_line(rng, levels))
+    for _ in range(mutations):
+        at = rng.randrange(len(line))
+        action = rng.random()
+        if action < 0.4:
+            del line[at]
+        elif action < 0.8:
+            line.insert(at, rng.choice(b'{}[]",: 1ae-.\t\x01'))
+        else:
+            line[at] = rng.choice(b'{}[]",:1')
+    raw = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % bytes(line)
+    expected = json_verdict_deep(raw)
+    for cuts in [*splits(raw, rng)[::2], list(range(997, len(raw), 997))]:
+        assert stream_verdict(raw, cuts) == expected, (bytes(line[:200]), cuts[:3])

@@ -92,15 +92,22 @@ _NUMBER_PREFIX: Final = re.compile(
     r"-?(?:(?:0|[1-9][0-9]*)(?:\.(?:[0-9]+(?:[eE][-+]?[0-9]*)?)?|[eE][-+]?[0-9]*)?)?"
 )
 _DIGITS: Final = re.compile(r"[0-9]{2,}")
-# Nested openings (an array, or an object with its first key), and closings: deep
-# nesting is entered and left a run at a time.
-_OPENER: Final = re.compile(r'\[[ \t\r]*|\{[ \t\r]*"[^"\\\x00-\x1f]*"[ \t\r]*:[ \t\r]*')
-_OPENERS: Final = re.compile(rf"(?:{_OPENER.pattern})+")
-# A run of openings without its keys, spaces and colons is a byte per container, which
-# _CONTAINER_OF turns into the stack's byte.
-_KEY_TEXT: Final = re.compile(rb'"[^"]*"')
+# Nested openings, and closings: deep nesting is entered and left a run at a time. An
+# opening is an array with the short scalar items before the next opening
+# (``[1,[1,[1,…``), or an object with its first key and the members of short scalars
+# before the next (``{"a":1,"b":{…``). The items and members are possessive: what follows
+# them in a run is an opening, which no scalar starts as.
+_KEY_COLON: Final = rf'"[^"\\\x00-\x1f]*+"{_WS_CLASS}:{_WS_CLASS}'
+_OPENER: Final = (
+    rf"(?:\[++{_WS_CLASS})++(?:{_SCALAR}{_WS_CLASS},{_WS_CLASS})*+"
+    rf"|\{{{_WS_CLASS}{_KEY_COLON}(?:{_SCALAR}{_WS_CLASS},{_WS_CLASS}{_KEY_COLON})*+"
+)
+_OPENERS: Final = re.compile(rf"(?:{_OPENER})+")
+# A run of openings without its strings, scalars, spaces, commas and colons is a byte per
+# container, which _CONTAINER_OF turns into the stack's byte.
+_STRING_TEXT: Final = re.compile(rb'"[^"]*"')
+_BETWEEN_OPENINGS: Final = b" \t\r:,-+.0123456789eEtrufalsn"
 _CONTAINER_OF: Final = bytes.maketrans(b"[{", b"\x00\x01")
-_BRACKETS: Final = re.compile(r"\[+")
 _CLOSERS: Final = re.compile(r"[\]}]+")
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
@@ -332,7 +339,7 @@ class LineValidator:
             self._error.value_starts(char)
         if char in "[{" and (self._unscanned or pos < self._scan_from) and len(self._stack) >= 2:
             # Deep nesting, or inside what a failed scan read: a run of openings at a time.
-            run = (_BRACKETS if char == "[" else _OPENERS).match(text, pos)
+            run = _OPENERS.match(text, pos, min(len(text), pos + _RUN_WINDOW))
             if run is not None:
                 return self._open_run(text, pos, run.end())
         if self._stack and not self._stack[-1]:
@@ -349,7 +356,8 @@ class LineValidator:
         self._stack += opened
         if self._unscanned:
             self._unscanned = max(1, self._unscanned - len(opened))
-        self._expect = _VALUE if opened[-1] else _FIRST_VALUE
+        # Only an array opened last with no item yet may close at once.
+        self._expect = _FIRST_VALUE if text[pos:end].rstrip(" \t\r")[-1] == "[" else _VALUE
         return end
 
     def _close_run(self, text: str, pos: int) -> int:
@@ -807,11 +815,11 @@ def _string_end(data: bytes, decoder: codecs.IncrementalDecoder) -> int | None:
 
 def _opened(text: str, pos: int, end: int) -> bytes:
     """The containers a run of openings from ``pos`` to ``end`` opens one inside the other
-    (each an array, or an object with its first key), a byte each as the stack keeps them."""
+    (see :data:`_OPENER`), a byte each as the stack keeps them."""
     if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
         return bytes(end - pos)  # the usual run: brackets only
-    keyed = text[pos:end].encode("utf-8", "surrogatepass")
-    return _KEY_TEXT.sub(b"", keyed).translate(_CONTAINER_OF, b" \t\r:")
+    run = text[pos:end].encode("utf-8", "surrogatepass")
+    return _STRING_TEXT.sub(b"", run).translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
 
 
 def _closed(stack: bytearray, text: str, pos: int) -> int:
