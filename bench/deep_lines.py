@@ -45,6 +45,11 @@ def shapes(size: int) -> dict[str, bytes]:
         "deep [": b"[" * (size // 2) + b"1" + b"]" * (size // 2),
         "deep [1,": b"[1," * (size // 4) + b"1" + b"]" * (size // 4),
         'deep {"d":': b'{"d":' * (size // 6) + b"1" + b"}" * (size // 6),
+        "deep [1, with ,1] closing": b"[1," * (size // 7) + b"1" + b",1]" * (size // 7),
+        'deep {"a":1,"d": with ,"b":2} closing': (
+            b'{"a":1,"d":' * (size // 18) + b"1" + b',"b":2}' * (size // 18)
+        ),
+        "deep [ with spaced closers": b"[ " * (size // 4) + b"1" + b" ]" * (size // 4),
         "deep [, one closer short": b"[" * deep + b"1" + b"]" * (deep - 1),
         'deep [{"d":, one closer short': b'[{"d":' * deep + b"1" + b"}]" * (deep - 1) + b"}",
         "groups of [ 990 deep": groups(b"[", b"]", 990, size),

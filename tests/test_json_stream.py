@@ -588,6 +588,55 @@ def test_deep_nesting_with_items_before_each_opening_is_entered_a_run_at_a_time(
             assert calls <= len(message) // 8, (opener, len(cuts), calls, len(message))
 
 
+def closing_wrong_half_way(opener: bytes, closer: bytes, wrong: bytes) -> bytes:
+    half = 600
+    return opener * 1_200 + b"1" + closer * half + wrong + closer * (half - 1)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        nested(1_200, b"[", b" , 1 ]"),
+        nested(1_200, b"[ ", b" ]"),
+        nested(1_200, b'{"a":', b',"b":2}'),
+        nested(1_200, b'[{"a":', b',"b":"]"},3]'),
+        nested(1_200, b"[", b',"k":1]'),  # a member in an array
+        nested(1_200, b'{"a":', b",2}"),  # an item in an object
+        nested(1_200, b"[", b',1,"k":2]'),  # both
+        nested(1_200, b"[", b",1}"),  # the wrong closer
+        nested(1_200, b"[", b",1 ,]"),  # an item missing
+        nested(1_200, b"[", b",01]"),  # a malformed number
+        closing_wrong_half_way(b"[", b",1]", b",1}"),
+        closing_wrong_half_way(b"[", b",1]", b',"k":1]'),
+        closing_wrong_half_way(b'{"a":', b',"b":2}', b",2}"),
+        closing_wrong_half_way(b'[{"a":', b',"b":2},3]', b',"b":2}]'),
+    ],
+)
+def test_closings_with_items_between_them_get_the_parsers_verdict(inner: bytes) -> None:
+    """Deep closings with spaces or items between them are taken a run at a time; a run
+    that goes wrong somewhere is judged the usual way from there, and refused where json
+    refuses it. The value is followed by a member of ``params`` (the run stops short of the
+    top-level members)."""
+    message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s,"w":1}}' % inner
+    expected = json_verdict_deep(message)
+    for cuts in ([], list(range(997, len(message), 997)), list(range(1, len(message), 4096))):
+        assert stream_verdict(message, cuts) == expected, (inner[-40:], cuts[:2])
+
+
+def test_deep_closings_with_items_between_them_are_left_a_run_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closings with items or spaces between them (``…1],1],1]``, ``] ] ]``) were judged
+    a level at a time: several Python steps per level."""
+    for opener, closer in [(b"[", b",1]"), (b"[ ", b" ]"), (b'{"a":', b',"b":2}')]:
+        message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % nested(
+            20_000, opener, closer
+        )
+        for cuts in ([], list(range(0, len(message), 128 * 1024))):
+            calls, _ = judging_work(message, cuts, monkeypatch)
+            assert calls <= len(message) // 8, (closer, len(cuts), calls, len(message))
+
+
 # Between and around the openings of a deep line: scalar items, members, whitespace.
 DEEP_SCALARS = ["1", "-0.5e3", "0", "true", "null", '"x"', '"]{"', '"é"', '"a\\"b"', "1e+2"]
 DEEP_KEYS = ['"d"', '""', '"[{"', '"k y"', '"\\u0041"']

@@ -109,6 +109,21 @@ _STRING_TEXT: Final = re.compile(rb'"[^"]*"')
 _BETWEEN_OPENINGS: Final = b" \t\r:,-+.0123456789eEtrufalsn"
 _CONTAINER_OF: Final = bytes.maketrans(b"[{", b"\x00\x01")
 _CLOSERS: Final = re.compile(r"[\]}]+")
+# A run of closings, spaced or not, each followed by the short scalar items or members
+# that come after it in its parent (``…1] ,2],"k":3}``); an item is taken only once what
+# follows it shows that it is complete. Read back (:func:`_closed_with_items`) with the
+# scalars and keys as ``v``, without spaces and commas, a member as ``K`` and an item as
+# ``V``: ``]VV}K``.
+_CLOSING: Final = re.compile(
+    rf"[\]}}]{_WS_CLASS}(?:,{_WS_CLASS}(?:{_KEY_COLON})?{_SCALAR}{_WS_CLASS}(?=[,\]}}]))*+"
+)
+_CLOSINGS: Final = re.compile(rf"(?:{_CLOSING.pattern})+")
+# What follows a run of bare closers when closings with spaces or items go on.
+_ITEM_NEXT: Final = re.compile(r'[ \t\r]*(?:,[ \t\r]*)?[\]}"0-9tfn-]')
+_CLOSING_SCALAR: Final = re.compile(r'"[^"]*"|-?[0-9][0-9.eE+-]*|true|false|null')
+_CLOSING_SPACE: Final = re.compile(r"[ \t\r,]+")
+_CLOSER: Final = re.compile(r"[\]}]")
+_ITEMS_OF: Final = bytes.maketrans(b"\x00\x01", b"VK")  # a container's byte -> its items
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
 # The top-level members routing reads (jsonrpc.classify_message): any other is judged and
@@ -363,12 +378,20 @@ class LineValidator:
     def _close_run(self, text: str, pos: int) -> int:
         """Close containers below the top-level members at ``pos`` many at a time: how
         many characters were taken (0: none, the closing is judged one at a time)."""
-        count = _closed(self._stack, text, pos)
+        taken = count = 0
+        # Bare closers are taken the short way; a run with spaces or items between its
+        # closers the long way, but not inside an error object, whose own members are
+        # judged one by one.
+        bare = _CLOSERS.match(text, pos).end()  # type: ignore[union-attr]  # it matches
+        if self._error is None and _ITEM_NEXT.match(text, bare):
+            taken, count = _closed_with_items(self._stack, text, pos)
+        if not count:
+            taken = count = _closed(self._stack, text, pos)
         if count:
             del self._stack[-count:]
             if len(self._stack) <= self._too_long_at:
                 self._too_long_at = -1
-        return count
+        return taken
 
     def _byte_at(self, text: str, pos: int) -> int:
         """The position in the line's bytes of ``text[pos]`` (text is the tail held)."""
@@ -836,6 +859,61 @@ def _closed(stack: bytearray, text: str, pos: int) -> int:
     # depth squared.
     pairs = enumerate(zip(closing, expected, strict=True))
     return next(at for at, (got, want) in pairs if got != want)
+
+
+def _closed_with_items(stack: bytearray, text: str, pos: int) -> tuple[int, int]:
+    """How many characters at ``pos`` a run of closings with spaces or items between them
+    (see :data:`_CLOSINGS`) takes, and how many containers of ``stack`` it closes: (0, 0)
+    for a run of bare closers, which :func:`_closed` takes. Of a run that goes too far
+    (to the top-level members), the closings before; of one that goes wrong (a wrong
+    closer, an item of the wrong kind), the closings before the fault, read again one at
+    a time; the fault is then judged the usual way (and ends the line)."""
+    window = min(len(text), pos + _RUN_WINDOW)
+    run = _CLOSINGS.match(text, pos, window)
+    if run is None or not run.group().strip("]}"):
+        return 0, 0
+    count, fits = _closings_fit(stack, run.group())
+    if fits:
+        return run.end() - pos, count
+    # The run's closings one by one (each is one of its repetitions).
+    closings = _CLOSING.findall(text, pos, window)[: min(count, len(stack) - 2)]
+    count, fits = _closings_fit(stack, "".join(closings))
+    if fits:
+        return sum(map(len, closings)), count
+    count = 0
+    while count < len(closings) and _closings_fit(stack, closings[count], count)[1]:
+        count += 1
+    return sum(map(len, closings[:count])), count
+
+
+def _closings_fit(stack: bytearray, closings: str, closed: int = 0) -> tuple[int, bool]:
+    """How many containers ``closings`` (closers with spaces or items between them)
+    closes, and whether it closes that many of ``stack`` rightly (once its ``closed``
+    innermost are closed), short of the top-level members: each closer the container's,
+    each item of the kind its parent takes."""
+    marks = _item_marks(closings)
+    after = _CLOSER.split(marks)[1:]  # what follows each closer
+    count = len(after)
+    top = len(stack) - closed
+    if not count or count > top - 2:
+        return count, False
+    closers = marks.replace("K", "").replace("V", "")
+    # Each closer's items are its parent's: members in an object, items in an array.
+    kinds = stack[top - count - 1 : top - 1][::-1].translate(_ITEMS_OF).decode("ascii")
+    return count, closers == _closers(stack[top - count : top]) and _items_fit(after, kinds)
+
+
+def _item_marks(closings: str) -> str:
+    """``closings`` (a match of :data:`_CLOSINGS`) as its closers, ``K`` for each member
+    and ``V`` for each item."""
+    marks = _CLOSING_SPACE.sub("", _CLOSING_SCALAR.sub("v", closings))
+    return marks.replace("v:v", "K").replace("v", "V")
+
+
+def _items_fit(after: list[str], kinds: str) -> bool:
+    """Whether the items after each closer (``after``) are all of the kind its parent
+    takes (``kinds``: ``K`` or ``V`` per closer)."""
+    return "".join(after) == "".join(map(str.__mul__, kinds, map(len, after)))
 
 
 def _closers(stack: bytearray) -> str:
