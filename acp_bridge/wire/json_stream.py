@@ -16,7 +16,10 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   held, never in a copy of all that follows it;
 - a container that does not end within the text held is entered token by token, and
   json's scanner never reads again what a scan that failed has read, so judging costs
-  the line's length whatever its nesting.
+  the line's length whatever its nesting;
+- deep nesting is entered and left a run at a time, one regular-expression match for
+  many levels: openings with the short scalar items or members before the next
+  (``[1,[1,…``), and closings with those after each (``…1],1]``), spaced or not.
 
 It accepts exactly the JSON that :func:`acp_bridge.wire.jsonrpc.parse` accepts (strict UTF-8,
 no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, numbers of
