@@ -381,15 +381,8 @@ class LineValidator:
     def _close_run(self, text: str, pos: int) -> int:
         """Close containers below the top-level members at ``pos`` many at a time: how
         many characters were taken (0: none, the closing is judged one at a time)."""
-        taken = count = 0
-        # Bare closers are taken the short way; a run with spaces or items between its
-        # closers the long way, but not inside an error object, whose own members are
-        # judged one by one.
-        bare = _CLOSERS.match(text, pos).end()  # type: ignore[union-attr]  # it matches
-        if self._error is None and _ITEM_NEXT.match(text, bare):
-            taken, count = _closed_with_items(self._stack, text, pos)
-        if not count:
-            taken = count = _closed(self._stack, text, pos)
+        # Not inside an error object: its own members are judged one by one.
+        taken, count = _closing_run(self._stack, text, pos, items=self._error is None)
         if count:
             del self._stack[-count:]
             if len(self._stack) <= self._too_long_at:
@@ -862,6 +855,20 @@ def _closed(stack: bytearray, text: str, pos: int) -> int:
     # depth squared.
     pairs = enumerate(zip(closing, expected, strict=True))
     return next(at for at, (got, want) in pairs if got != want)
+
+
+def _closing_run(stack: bytearray, text: str, pos: int, *, items: bool) -> tuple[int, int]:
+    """How many characters at ``pos`` a run of closings takes, and how many containers of
+    ``stack`` it closes: bare closers the short way (:func:`_closed`); a run with spaces
+    or items between its closers the long way (:func:`_closed_with_items`) if ``items``,
+    else a closing at a time."""
+    bare = _CLOSERS.match(text, pos).end()  # type: ignore[union-attr]  # it matches
+    if items and _ITEM_NEXT.match(text, bare):
+        taken, count = _closed_with_items(stack, text, pos)
+        if count:
+            return taken, count
+    count = _closed(stack, text, pos)
+    return count, count
 
 
 def _closed_with_items(stack: bytearray, text: str, pos: int) -> tuple[int, int]:
