@@ -196,18 +196,10 @@ Processes = dict[int, bytes]
 def process_table() -> dict[int, tuple[int, int, bytes, bytes]]:
     """pid -> (ppid, pgrp, state, start time) of every process, from /proc (empty without)."""
     table = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return {}
-    for name in names:
-        if not name.isdigit():
-            continue
+    for pid, fields in _stats().items():
         try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            table[int(name)] = (int(fields[1]), int(fields[2]), fields[0], fields[19])
-        except (OSError, IndexError, ValueError):
+            table[pid] = (int(fields[1]), int(fields[2]), fields[0], fields[19])
+        except (IndexError, ValueError):
             continue
     return table
 
@@ -231,12 +223,8 @@ def outside_group(root: int, pgid: int) -> Processes:
 
 def _same(pid: int, started: bytes) -> bool:
     """Whether ``pid`` still is the process that started at ``started``, and runs."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[19] == started and fields[0] != b"Z"
+    fields = _stat(pid)
+    return fields is not None and fields[19:20] == [started] and fields[0] != b"Z"
 
 
 def _with_their_groups(processes: Processes) -> Processes:
@@ -301,6 +289,15 @@ def _stat(pid: int | str) -> list[bytes] | None:
         return None
 
 
+def _stats() -> dict[int, list[bytes]]:
+    """pid -> :func:`_stat` of every process (empty without ``/proc``)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    return {int(name): fields for name in names if name.isdigit() and (fields := _stat(name))}
+
+
 def memory_signature(fields: list[bytes]) -> bytes:
     """Where the memory of the process with these stat ``fields`` lies (all ``0`` for a
     process that has let go of its memory: a dying one, a zombie, a kernel thread)."""
@@ -336,10 +333,7 @@ def unnamed_groups(
     (the bridge let go of it before its descriptors closed; a live process forked from
     the same program, such as a sibling's spawn, has a parent that still does).
     """
-    table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (fields := _stat(name)) is not None and fields[0] != b"Z":
-            table[int(name)] = fields
+    table = {pid: fields for pid, fields in _stats().items() if fields[0] != b"Z"}
     groups = set()
     unsure = False
     for pid, fields in table.items():  # each one's stat was read before its environment
