@@ -58,6 +58,14 @@ def shapes(size: int) -> dict[str, bytes]:
         "many small objects": b"["
         + b",".join([b'{"a":1,"b":[1,2],"c":"x"}'] * (size // 26))
         + b"]",
+        "many small arrays": b"[" + b",".join([b"[1,2.5,null]"] * (size // 13)) + b"]",
+        "many members": b"{" + b",".join(b'"k%d":%d' % (i, i) for i in range(size // 14)) + b"}",
+        "many strings with escapes": b"["
+        + b",".join([b'"a \\"quoted\\" word"'] * (size // 23))
+        + b"]",
+        "many strings with commas": b"["
+        + b",".join([b'"one, two, three, four"'] * (size // 24))
+        + b"]",
         "one long string": b'"' + b"x" * size + b'"',
         "integers of 4,000 digits": numbers(4_000, size),
         "integers longer than json reads": numbers(5_000, size),

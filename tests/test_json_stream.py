@@ -672,6 +672,22 @@ def deep_line(rng: random.Random, levels: int) -> bytes:
     return ("".join(openings) + scalar() + "".join(reversed(closings))).encode()
 
 
+def damaged_at_random(line: bytes, rng: random.Random, mutations: int, inserted: bytes) -> bytes:
+    """``line`` with ``mutations`` bytes deleted, inserted (one of ``inserted``) or replaced
+    by punctuation or a digit, at random places."""
+    damaged = bytearray(line)
+    for _ in range(mutations):
+        at = rng.randrange(len(damaged))
+        action = rng.random()
+        if action < 0.4:
+            del damaged[at]
+        elif action < 0.8:
+            damaged.insert(at, rng.choice(inserted))
+        else:
+            damaged[at] = rng.choice(b'{}[]",:1')
+    return bytes(damaged)
+
+
 def json_verdict_deep(raw: bytes) -> bool:
     """json's verdict on ``raw`` however deep: read in a thread with room for the
     recursion (the bridge's own limit makes json give up past about 1,000 levels)."""
@@ -706,18 +722,132 @@ def test_deep_lines_of_mixed_openings_get_the_parsers_verdict(
     of openings at a time; whole or damaged, in any pieces, judged as json judges it.
     (A seed, not drawn choices: a line makes thousands of them.)"""
     rng = random.Random(seed)
-    line = bytearray(deep_line(rng, levels))
-    for _ in range(mutations):
-        at = rng.randrange(len(line))
-        action = rng.random()
-        if action < 0.4:
-            del line[at]
-        elif action < 0.8:
-            line.insert(at, rng.choice(b'{}[]",: 1ae-.\t\x01'))
-        else:
-            line[at] = rng.choice(b'{}[]",:1')
-    raw = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % bytes(line)
+    line = damaged_at_random(deep_line(rng, levels), rng, mutations, b'{}[]",: 1ae-.\t\x01')
+    raw = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % line
     expected = json_verdict_deep(raw)
     pieces = rng.choice([list(range(997, len(raw), 997)), rng.sample(range(1, len(raw)), 5)])
     for cuts in ([], pieces):
         assert stream_verdict(raw, cuts) == expected, (bytes(line[:200]), cuts[:3])
+
+
+def many(item: bytes, size: int) -> bytes:
+    return b",".join([item] * (size // (len(item) + 1)))
+
+
+# Lines of many small items or members in a container too long for json's scanner to judge
+# whole: each of these was walked an item or a member at a time, 0.2 to 0.6 s per MiB.
+MANY_SMALL = {
+    "objects holding arrays": b'{"jsonrpc":"2.0","method":"m","params":[%s]}'
+    % many(b'{"a":1,"b":[1,2],"c":"x"}', 200_000),
+    "arrays": b'{"jsonrpc":"2.0","method":"m","params":[%s]}' % many(b"[1,2.5,null]", 200_000),
+    "members": b'{"jsonrpc":"2.0","method":"m","params":{%s}}'
+    % b",".join(b'"k%d":%d' % (i, i) for i in range(200_000 // 14)),
+    "top-level members": b'{"jsonrpc":"2.0","method":"m",%s}'
+    % b",".join(b'"k%d":%d' % (i, i) for i in range(200_000 // 14)),
+    "strings with escapes": b'{"jsonrpc":"2.0","method":"m","params":[%s]}'
+    % many(b'"a \\"quoted\\" word"', 200_000),
+    "strings with commas": b'{"jsonrpc":"2.0","id":7,"result":[%s]}'
+    % many(b'"one, two, [three]"', 200_000),
+}
+
+
+@pytest.mark.parametrize("name", MANY_SMALL)
+def test_many_small_items_or_members_are_judged_a_run_at_a_time(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """json's scanner judges a run of them at once; a run is never handed to it twice
+    over, whatever commas the items hold."""
+    message = MANY_SMALL[name]
+    for cuts, share in (([], 64), (list(range(0, len(message), 128 * 1024)), 64),
+                        (list(range(0, len(message), 997)), 8)):  # fmt: skip
+        calls, handed = judging_work(message, cuts, monkeypatch)
+        assert calls <= len(message) // share, (name, len(cuts), calls, len(message))
+        assert handed <= 3 * len(message), (name, len(cuts), handed, len(message))
+
+
+# Items of the lines below: what a run handed to json's scanner at once may hold. Strings
+# with commas, quotes and brackets (a run's end is a comma, never one in a string),
+# escapes and lone surrogates, integers longer than json reads (the validator takes them:
+# a run holding one is walked), floats json reads as infinity, nesting json's recursion
+# may not reach, and members whose keys the envelope keeps (at the top, those are walked).
+SMALL_ITEMS = [
+    b"1", b"-0.5e3", b"1e400", b"true", b"null", b'"x"', b'"a, b"', b'"]},{\\"k\\":["',
+    b'"\\u00e9\\ud800"', b'"\\\\"', b'"\xc3\xa9"', b"7" * 5_000, b"[]", b"{}",
+    b"[1,2.5,null]", b'{"a":1,"b":[1,2],"c":"x"}', b'[{"k":[{"j":",[{"}]}]',
+    b"[" * 400 + b"]" * 400,
+]  # fmt: skip
+SMALL_KEYS = [b'"k"', b'"a,b"', b'"\\u0041"', b'"id"', b'"method"', b'"\\u0069d"', b'"params"']
+SMALL_SPACES = [b"", b"", b"", b" ", b"\t", b" \r "]
+
+
+def many_small_line(rng: random.Random, size: int) -> bytes:
+    """A message about ``size`` bytes long whose bulk is many small items or members: in
+    an array or object of ``params``, among the top-level members, or in a batch."""
+    space: Callable[[], bytes] = partial(next, cycle(rng.choices(SMALL_SPACES, k=97)))
+    item: Callable[[], bytes] = partial(next, cycle(rng.choices(SMALL_ITEMS, k=101)))
+    key: Callable[[], bytes] = partial(
+        next, cycle(rng.choices(SMALL_KEYS, weights=[60, 5, 5, 1, 1, 1, 1], k=103))
+    )
+    shape = rng.choice(["array", "object", "top", "batch"])
+    parts: list[bytes] = []
+    length = 0
+    while length < size:
+        if shape == "array":
+            part = space() + item() + space()
+        elif shape == "batch":
+            part = b'{"jsonrpc":"2.0","method":"n","params":[%s]}' % item()
+        else:
+            part = space() + key() + space() + b":" + space() + item() + space()
+        parts.append(part)
+        length += len(part) + 1
+    body = b",".join(parts)
+    if shape == "array":
+        return b'{"jsonrpc":"2.0","method":"m","params":[%s]}' % body
+    if shape == "object":
+        return b'{"jsonrpc":"2.0","id":1,"result":{%s}}' % body
+    if shape == "top":
+        return b'{"jsonrpc":"2.0","method":"m",%s,"params":{}}' % body
+    return b"[%s]" % body
+
+
+@settings(max_examples=inputs(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 3))
+def test_lines_of_many_small_items_get_the_parsers_verdict_and_envelope(
+    seed: int, mutations: int
+) -> None:
+    """Whole or damaged, in any pieces, judged as the parser judges them, and a valid
+    message read as the kind it is. (A seed, not drawn choices: a line makes thousands.)"""
+    rng = random.Random(seed)
+    line = many_small_line(rng, rng.randint(2_000, 40_000))
+    raw = damaged_at_random(line, rng, mutations, b'{}[]",: 1ae-.\\\t\x01')
+    try:
+        frame: jsonrpc.Frame | None = jsonrpc.parse_in_full(raw)
+        expected = True
+    except FrameError as exc:
+        frame, expected = None, exc.code != jsonrpc.PARSE_ERROR
+    pieces = rng.choice([list(range(997, len(raw), 997)), rng.sample(range(1, len(raw)), 5)])
+    for cuts in ([], pieces, list(range(128 * 1024, len(raw), 128 * 1024))):
+        try:
+            envelope: json_stream.Envelope | None = fed(raw, cuts)
+        except FrameError:
+            envelope = None
+        assert (envelope is not None) == expected, (raw[:200], cuts[:3])
+        if envelope is None or frame is None or frame.kind is jsonrpc.Kind.BATCH:
+            continue
+        if type(envelope.members.get("id")) is Large:  # an integer of thousands of digits
+            with pytest.raises(FrameError, match="longer than the bridge reads"):
+                envelope.kind()
+        else:
+            assert envelope.kind() is frame.kind, (raw[:200], cuts[:3])
+
+
+@pytest.mark.parametrize("key", [b'"id"', b'"\\u0069d"'])
+def test_a_run_of_top_level_members_leaves_the_envelopes_members_to_the_walk(key: bytes) -> None:
+    """A member routing reads, among many that it does not, is read into the envelope, even
+    when its key is written with escapes."""
+    members = b",".join(b'"k%d":%d' % (i, i) for i in range(5_000))
+    line = b'{"jsonrpc":"2.0","method":"m",%s,%s:7,%s}' % (members, key, members)
+    for cuts in ([], list(range(997, len(line), 997)), list(range(0, len(line), 128 * 1024))):
+        envelope = fed(line, cuts)
+        assert envelope.members.get("id") == 7, (key, len(cuts))
+        assert envelope.kind() is jsonrpc.Kind.REQUEST

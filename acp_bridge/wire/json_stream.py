@@ -19,7 +19,10 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   the line's length whatever its nesting;
 - deep nesting is entered and left a run at a time, one regular-expression match for
   many levels: openings with the short scalar items or members before the next
-  (``[1,[1,…``), and closings with those after each (``…1],1]``), spaced or not.
+  (``[1,[1,…``), and closings with those after each (``…1],1]``), spaced or not;
+- many small items or members of a container entered (``[{"a":[1,2]},…``, ``{"k0":0,…``)
+  are judged a run at a time: json's scanner reads the text up to a comma between them,
+  closed as a container of their kind.
 
 It accepts exactly the JSON that :func:`acp_bridge.wire.jsonrpc.parse` accepts (strict UTF-8,
 no byte order mark, no ``NaN``/``Infinity``, no control characters in strings, numbers of
@@ -127,11 +130,27 @@ _CLOSING_SCALAR: Final = re.compile(r'"[^"]*"|-?[0-9][0-9.eE+-]*|true|false|null
 _CLOSING_SPACE: Final = re.compile(r"[ \t\r,]+")
 _CLOSER: Final = re.compile(r"[\]}]")
 _ITEMS_OF: Final = bytes.maketrans(b"\x00\x01", b"VK")  # a container's byte -> its items
+# A run of items handed to json's scanner at once is at least this long (a shorter one is
+# walked an item at a time), and ends at one of the last few commas before the window's end
+# that are outside strings and nested containers as far as counting quotes and brackets
+# tells; json's scanner has the last word.
+_ITEMS_AT_LEAST: Final = 512
+_ITEMS_CUTS: Final = 8
+_ITEMS_COMMAS: Final = 32  # fewer commas in a window: its items are not small
+# What :func:`_run_of_items` says when it takes no run: json's scanner refused the run (or
+# no comma was found to end one), or the container closes before any comma found.
+_REFUSED: Final = -1
+_CLOSES_FIRST: Final = -2
+_NO_DEPTH: Final = 1 << 62
+_BRACKET: Final = re.compile(r'[\[\]{}"]')
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
 # The top-level members routing reads (jsonrpc.classify_message): any other is judged and
 # not kept (a line of many small ones held several times its size).
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
+# Where one may be named: a run of top-level members stops before it (one written with
+# escapes is found in what the run read, and the run is walked instead).
+_ENVELOPE_KEY: Final = re.compile(r'"(?:jsonrpc|id|method|params|result|error)"')
 # After json's scanner ran out of recursion on a container, this many containers are
 # entered without trying it again (it fails after about a thousand levels).
 _UNSCANNED_AFTER_DEEP: Final = 256
@@ -222,6 +241,13 @@ class LineValidator:
         # A container that starts before this position of the text held is entered without
         # json's scanner: a scan that failed read that far already (see _scan_reach).
         self._scan_from = 0
+        # Items from before this position of the text held are walked one at a time: a run
+        # tried there was refused (json's scanner has judged up to there at most once).
+        self._items_from = 0
+        # Containers this deep or deeper are walked: the one at this depth closes within a
+        # run's window, so runs of its items would be short.
+        self._walk_from_depth = _NO_DEPTH
+        self._run_depth = 0  # the depth of the container whose items were last taken as a run
         # The depth of the open container too long for json's scanner to judge at once
         # (-1: none): the containers inside it get only the short look.
         self._too_long_at = -1
@@ -337,14 +363,22 @@ class LineValidator:
                 pos = after
             else:
                 if expect == _AFTER_VALUE and char in "]}" and len(self._stack) > 2:
-                    closed = self._close_run(text, pos)
+                    closed = _close_run(self, text, pos)
                     if closed:
                         pos += closed
+                        continue
+                elif expect in (_KEY, _FIRST_KEY) and char == '"':
+                    after = _items_run(self, text, pos, final)
+                    if after < 0:
+                        break
+                    if after > pos:
+                        pos = after
                         continue
                 self._punctuation(expect, char)
                 pos += 1
         self._text = text[pos:]
         self._scan_from = max(0, self._scan_from - pos)
+        self._items_from = max(0, self._items_from - pos)
 
     def _value_or_run(self, text: str, pos: int, final: bool) -> int:
         """Where a value is expected: take it, or a run of several (array items, nested
@@ -355,39 +389,22 @@ class LineValidator:
             return pos + 1
         if self._error is not None and len(self._stack) == 2:
             self._error.value_starts(char)
-        if char in "[{" and (self._unscanned or pos < self._scan_from) and len(self._stack) >= 2:
-            # Deep nesting, or inside what a failed scan read: a run of openings at a time.
-            run = _OPENERS.match(text, pos, min(len(text), pos + _RUN_WINDOW))
-            if run is not None:
-                return self._open_run(text, pos, run.end())
-        if self._stack and not self._stack[-1]:
-            # Array items that are short scalars, many at a time.
+        in_array = self._stack and not self._stack[-1]
+        if in_array:
+            # Array items that are short scalars, many at a time, without building them.
             run = _SCALAR_RUN.match(text, pos, min(len(text), pos + _RUN_WINDOW))
             if run is not None:
                 self._expect = _VALUE
                 return run.end()
+            after = _items_run(self, text, pos, final)
+            if after != pos:
+                return after
+        if char in "[{" and (self._unscanned or pos < self._scan_from) and len(self._stack) >= 2:
+            # Deep nesting, or inside what a failed scan read: a run of openings at a time.
+            run = _OPENERS.match(text, pos, min(len(text), pos + _RUN_WINDOW))
+            if run is not None:
+                return _open_run(self, text, pos, run.end())
         return self._value(text, pos, final)
-
-    def _open_run(self, text: str, pos: int, end: int) -> int:
-        """Enter the containers opened from ``pos`` to ``end`` (see :func:`_opened`)."""
-        opened = _opened(text, pos, end)
-        self._stack += opened
-        if self._unscanned:
-            self._unscanned = max(1, self._unscanned - len(opened))
-        # Only an array opened last with no item yet may close at once.
-        self._expect = _FIRST_VALUE if text[pos:end].rstrip(" \t\r")[-1] == "[" else _VALUE
-        return end
-
-    def _close_run(self, text: str, pos: int) -> int:
-        """Close containers below the top-level members at ``pos`` many at a time: how
-        many characters were taken (0: none, the closing is judged one at a time)."""
-        # Not inside an error object: its own members are judged one by one.
-        taken, count = _closing_run(self._stack, text, pos, items=self._error is None)
-        if count:
-            del self._stack[-count:]
-            if len(self._stack) <= self._too_long_at:
-                self._too_long_at = -1
-        return taken
 
     def _byte_at(self, text: str, pos: int) -> int:
         """The position in the line's bytes of ``text[pos]`` (text is the tail held)."""
@@ -855,6 +872,115 @@ def _closed(stack: bytearray, text: str, pos: int) -> int:
     # depth squared.
     pairs = enumerate(zip(closing, expected, strict=True))
     return next(at for at, (got, want) in pairs if got != want)
+
+
+def _open_run(validator: LineValidator, text: str, pos: int, end: int) -> int:
+    """Enter the containers opened from ``pos`` to ``end`` (see :func:`_opened`)."""
+    opened = _opened(text, pos, end)
+    validator._stack += opened
+    if validator._unscanned:
+        validator._unscanned = max(1, validator._unscanned - len(opened))
+    # Only an array opened last with no item yet may close at once.
+    validator._expect = _FIRST_VALUE if text[pos:end].rstrip(" \t\r")[-1] == "[" else _VALUE
+    return end
+
+
+def _close_run(validator: LineValidator, text: str, pos: int) -> int:
+    """Close containers below the top-level members at ``pos`` many at a time: how
+    many characters were taken (0: none, the closing is judged one at a time)."""
+    # Not inside an error object: its own members are judged one by one.
+    taken, count = _closing_run(validator._stack, text, pos, items=validator._error is None)
+    if count:
+        del validator._stack[-count:]
+        if len(validator._stack) <= validator._too_long_at:
+            validator._too_long_at = -1
+    return taken
+
+
+def _items_run(validator: LineValidator, text: str, pos: int, final: bool) -> int:
+    """Items or members of the container ``validator`` has open, from ``pos``, judged a
+    run at a time (see :func:`_run_of_items`): the position after the comma that ends the
+    run, ``pos`` when none is taken (they are walked one at a time), or -1 to wait for more
+    text (after a run, the few items left in the text held are the next run's first)."""
+    depth = len(validator._stack)
+    if pos < validator._items_from:
+        return pos
+    if len(text) - pos < _ITEMS_AT_LEAST:
+        return -1 if depth == validator._run_depth and not final else pos
+    if depth >= validator._walk_from_depth:
+        return pos  # inside a container found to close within a run's window
+    if depth == 2 and validator._error is not None:
+        return pos  # the error object's members are judged one by one
+    validator._walk_from_depth = _NO_DEPTH
+    end = min(len(text), pos + _RUN_WINDOW)
+    is_object = validator._stack[-1] == 1
+    envelope = depth == 1 and is_object  # the top-level members
+    if envelope:
+        named = _ENVELOPE_KEY.search(text, pos, end)
+        if named is not None:
+            if named.start() - pos < _ITEMS_AT_LEAST:
+                return pos  # walked up to it, and past it
+            end = named.start()
+    value, cut = _run_of_items(text, pos, end, is_object)
+    if cut == _CLOSES_FIRST:
+        validator._walk_from_depth = depth
+        return pos
+    if cut < 0 or (envelope and not _ENVELOPE_KEYS.isdisjoint(value)):
+        validator._items_from = end
+        return pos
+    if envelope:
+        validator._top_members += len(value)
+    validator._run_depth = depth
+    validator._expect = _KEY if is_object else _VALUE
+    return cut + 1
+
+
+def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, int]:
+    """The items (or members) of an array (or object) from ``pos`` to one of the last commas
+    before ``end`` read by json's scanner as one container of their kind: its value and
+    where that comma is; or None and :data:`_REFUSED` (no such comma, or the scanner
+    refused them) or :data:`_CLOSES_FIRST` (the container closes before the comma: the
+    text up to it starts with a closer, has more closers than openings, or closes the
+    container as the scanner read it).
+
+    A comma is tried only where the text from ``pos`` has as many openings as closers and
+    an even count of quotes (escaped ones aside): between two items as far as counting can
+    tell. If it is inside a string or a nested container all the same, the text closed
+    there is not one valid container (a string or a container is left open), so the
+    scanner refuses it; if it is between items, the scanner judges them as the walk would.
+    """
+    count = text.count
+    cut = text.rfind(",", pos, end)
+    if cut - pos < _ITEMS_AT_LEAST or count(",", pos, cut) < _ITEMS_COMMAS:
+        return None, _REFUSED  # not many small items: large ones, or deep nesting
+    bracket = _BRACKET.search(text, pos, cut)
+    if bracket is not None and bracket[0] in "]}":
+        return None, _CLOSES_FIRST
+    depth = (
+        count("[", pos, cut) + count("{", pos, cut) - count("]", pos, cut) - count("}", pos, cut)
+    )
+    quotes = count('"', pos, cut) - count('\\"', pos, cut)
+    missed = _CLOSES_FIRST if depth < 0 else _REFUSED
+    for _ in range(_ITEMS_CUTS):
+        if depth == 0 and quotes % 2 == 0:
+            break
+        before = text.rfind(",", pos, cut)
+        if before - pos < _ITEMS_AT_LEAST:
+            return None, missed
+        depth -= count("[", before, cut) + count("{", before, cut)
+        depth += count("]", before, cut) + count("}", before, cut)
+        quotes -= count('"', before, cut) - count('\\"', before, cut)
+        cut = before
+    else:
+        return None, missed
+    run = ("{" if is_object else "[") + text[pos:cut] + ("}" if is_object else "]")
+    try:
+        value, after = _scan_once(run, 0)
+    except (ValueError, StopIteration, RecursionError):
+        return None, missed
+    if after < len(run):  # its closer came before the comma: they were its last items
+        return None, _CLOSES_FIRST
+    return value, cut
 
 
 def _closing_run(stack: bytearray, text: str, pos: int, *, items: bool) -> tuple[int, int]:
