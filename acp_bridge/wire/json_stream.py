@@ -137,11 +137,6 @@ _ITEMS_OF: Final = bytes.maketrans(b"\x00\x01", b"VK")  # a container's byte -> 
 _ITEMS_AT_LEAST: Final = 512
 _ITEMS_CUTS: Final = 8
 _ITEMS_COMMAS: Final = 32  # fewer commas in a window: its items are not small
-# What :func:`_run_of_items` says when it takes no run: json's scanner refused the run (or
-# no comma was found to end one), or the container closes before any comma found.
-_REFUSED: Final = -1
-_CLOSES_FIRST: Final = -2
-_NO_DEPTH: Final = 1 << 62
 _BRACKET: Final = re.compile(r'[\[\]{}"]')
 # A top-level member value kept for routing: an id, a method name.
 _SMALL: Final = 1024
@@ -244,9 +239,6 @@ class LineValidator:
         # Items from before this position of the text held are walked one at a time: a run
         # tried there was refused (json's scanner has judged up to there at most once).
         self._items_from = 0
-        # Containers this deep or deeper are walked: the one at this depth closes within a
-        # run's window, so runs of its items would be short.
-        self._walk_from_depth = _NO_DEPTH
         self._run_depth = 0  # the depth of the container whose items were last taken as a run
         # The depth of the open container too long for json's scanner to judge at once
         # (-1: none): the containers inside it get only the short look.
@@ -907,11 +899,8 @@ def _items_run(validator: LineValidator, text: str, pos: int, final: bool) -> in
         return pos
     if len(text) - pos < _ITEMS_AT_LEAST:
         return -1 if depth == validator._run_depth and not final else pos
-    if depth >= validator._walk_from_depth:
-        return pos  # inside a container found to close within a run's window
     if depth == 2 and validator._error is not None:
         return pos  # the error object's members are judged one by one
-    validator._walk_from_depth = _NO_DEPTH
     end = min(len(text), pos + _RUN_WINDOW)
     is_object = validator._stack[-1] == 1
     envelope = depth == 1 and is_object  # the top-level members
@@ -921,27 +910,24 @@ def _items_run(validator: LineValidator, text: str, pos: int, final: bool) -> in
             if named.start() - pos < _ITEMS_AT_LEAST:
                 return pos  # walked up to it, and past it
             end = named.start()
-    value, cut = _run_of_items(text, pos, end, is_object)
-    if cut == _CLOSES_FIRST:
-        validator._walk_from_depth = depth
-        return pos
-    if cut < 0 or (envelope and not _ENVELOPE_KEYS.isdisjoint(value)):
+    run = _run_of_items(text, pos, end, is_object)
+    if run is None or (envelope and not _ENVELOPE_KEYS.isdisjoint(run[0])):
+        # Not tried again within the window, whatever the containers do there: a try reads
+        # up to the window's length, so the tries read the line's length at most.
         validator._items_from = end
         return pos
     if envelope:
-        validator._top_members += len(value)
+        validator._top_members += len(run[0])
     validator._run_depth = depth
     validator._expect = _KEY if is_object else _VALUE
-    return cut + 1
+    return run[1] + 1
 
 
-def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, int]:
+def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, int] | None:
     """The items (or members) of an array (or object) from ``pos`` to one of the last commas
-    before ``end`` read by json's scanner as one container of their kind: its value and
-    where that comma is; or None and :data:`_REFUSED` (no such comma, or the scanner
-    refused them) or :data:`_CLOSES_FIRST` (the container closes before the comma: the
-    text up to it starts with a closer, has more closers than openings, or closes the
-    container as the scanner read it).
+    before ``end``, read by json's scanner as one container of their kind: its value and
+    where that comma is; None when there are not many small items there, no such comma is
+    found, the container closes before it, or the scanner refuses them.
 
     A comma is tried only where the text from ``pos`` has as many openings as closers and
     an even count of quotes (escaped ones aside): between two items as far as counting can
@@ -952,35 +938,33 @@ def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, 
     count = text.count
     cut = text.rfind(",", pos, end)
     if cut - pos < _ITEMS_AT_LEAST or count(",", pos, cut) < _ITEMS_COMMAS:
-        return None, _REFUSED  # not many small items: large ones, or deep nesting
+        return None  # not many small items: large ones, or deep nesting
     bracket = _BRACKET.search(text, pos, cut)
     if bracket is not None and bracket[0] in "]}":
-        return None, _CLOSES_FIRST
+        return None  # the container closes first
     depth = (
         count("[", pos, cut) + count("{", pos, cut) - count("]", pos, cut) - count("}", pos, cut)
     )
     quotes = count('"', pos, cut) - count('\\"', pos, cut)
-    missed = _CLOSES_FIRST if depth < 0 else _REFUSED
     for _ in range(_ITEMS_CUTS):
         if depth == 0 and quotes % 2 == 0:
             break
         before = text.rfind(",", pos, cut)
         if before - pos < _ITEMS_AT_LEAST:
-            return None, missed
+            return None
         depth -= count("[", before, cut) + count("{", before, cut)
         depth += count("]", before, cut) + count("}", before, cut)
         quotes -= count('"', before, cut) - count('\\"', before, cut)
         cut = before
     else:
-        return None, missed
+        return None
     run = ("{" if is_object else "[") + text[pos:cut] + ("}" if is_object else "]")
     try:
         value, after = _scan_once(run, 0)
     except (ValueError, StopIteration, RecursionError):
-        return None, missed
-    if after < len(run):  # its closer came before the comma: they were its last items
-        return None, _CLOSES_FIRST
-    return value, cut
+        return None
+    # Scanned short of the end: the container's closer came before the comma.
+    return (value, cut) if after == len(run) else None
 
 
 def _closing_run(stack: bytearray, text: str, pos: int, *, items: bool) -> tuple[int, int]:
