@@ -50,7 +50,10 @@ def shapes(size: int) -> dict[str, bytes]:
             b'{"a":1,"d":' * (size // 18) + b"1" + b',"b":2}' * (size // 18)
         ),
         "deep [ with spaced closers": b"[ " * (size // 4) + b"1" + b" ]" * (size // 4),
+        "deep [{}, with ] closing": b"[{}," * (size // 5) + b"1" + b"]" * (size // 5),
+        "deep [[1,2], with ] closing": b"[[1,2]," * (size // 8) + b"1" + b"]" * (size // 8),
         "deep [ with ,{}] closing": b"[" * (size // 5) + b"1" + b",{}]" * (size // 5),
+        "deep [ with ,[1,2]] closing": b"[" * (size // 8) + b"1" + b",[1,2]]" * (size // 8),
         "deep [, one closer short": b"[" * deep + b"1" + b"]" * (deep - 1),
         'deep [{"d":, one closer short': b'[{"d":' * deep + b"1" + b"}]" * (deep - 1) + b"}",
         "groups of [ 990 deep": groups(b"[", b"]", 990, size),

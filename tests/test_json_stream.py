@@ -353,6 +353,11 @@ def nested(levels: int, opener: bytes, closer: bytes, core: bytes = b"1") -> byt
         (nested(3_000, b'{"d":', b"]"), False),
         (nested(3_000, b'[{"d":', b"]}"), False),
         (nested(3_000, b'{"d":', b"}", core=b"[1,]"), False),
+        (nested(3_000, b"[[1,2],", b"]"), True),
+        (nested(3_000, b'{"a":{},"b":[1," ]"],"c":', b"}"), True),
+        # A malformed or wrongly closed flat container half way in.
+        (nested(1_500, b"[[1,2],", b"]", core=nested(1_500, b"[[1,],", b"]")), False),
+        (nested(1_500, b'{"a":{},"b":', b"}", core=nested(1_500, b'{"a":{],"b":', b"}")), False),
     ],
 )
 def test_deep_nesting_is_judged_a_run_at_a_time_as_the_parser_would(
@@ -572,21 +577,28 @@ def test_a_run_of_openings_is_a_byte_per_container_whatever_its_keys_hold(run: s
     assert json_stream._opened(text, 2, end) == bytes(containers)
 
 
-def test_deep_nesting_with_items_before_each_opening_is_entered_a_run_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
+# Deep nesting with something between its levels, entered or left a level at a time before:
+# a few Python steps per level, about a second per MiB. Items or members before each
+# opening (``[1,[1,…``, ``{"a":1,"b":{…``), and small flat containers (``[{},[{},…``,
+# ``[[1,2],[[1,2],…``: 1-2 s a MiB); items or spaces between the closings (``…1],1],1]``,
+# ``] ] ]``), and flat containers (``…{}],{}]``, ``…[1,2]],[1,2]]``: 1-2 s a MiB).
+BETWEEN_LEVELS = [
+    (b"[1,", b"]"), (b'{"a":1,"b":', b"}"), (b'[ "x" , {"k":null,"d":', b"}]"),
+    (b"[{},", b"]"), (b"[[1,2],", b"]"), (b'{"a":{"k":"]"},"b":[],"c":', b"}"),
+    (b"[", b",1]"), (b"[ ", b" ]"), (b'{"a":', b',"b":2}'),
+    (b"[", b",{}]"), (b"[", b", [1,2] ]"), (b'{"a":', b',"b":{"k":"}"},"c":[]}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("opener", "closer"), BETWEEN_LEVELS)
+def test_deep_nesting_with_items_between_its_levels_is_judged_a_run_at_a_time(
+    opener: bytes, closer: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scalar items or members before each opening (``[1,[1,…``, ``{"a":1,"b":{…``) made
-    each level a few Python steps: a MiB of ``[1,`` took about a second to judge."""
-    for opener, closer in [
-        (b"[1,", b"]"),
-        (b'{"a":1,"b":', b"}"),
-        (b'[ "x" , {"k":null,"d":', b"}]"),
-    ]:
-        inner = nested(20_000, opener, closer)
-        message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % inner
-        for cuts in ([], list(range(0, len(message), 128 * 1024))):
-            calls, _ = judging_work(message, cuts, monkeypatch)
-            assert calls <= len(message) // 8, (opener, len(cuts), calls, len(message))
+    inner = nested(20_000, opener, closer)
+    message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % inner
+    for cuts in ([], list(range(0, len(message), 128 * 1024))):
+        calls, _ = judging_work(message, cuts, monkeypatch)
+        assert calls <= len(message) // 8, (opener, closer, len(cuts), calls, len(message))
 
 
 def closing_wrong_half_way(opener: bytes, closer: bytes, wrong: bytes) -> bytes:
@@ -611,6 +623,15 @@ def closing_wrong_half_way(opener: bytes, closer: bytes, wrong: bytes) -> bytes:
         closing_wrong_half_way(b"[", b",1]", b',"k":1]'),
         closing_wrong_half_way(b'{"a":', b',"b":2}', b",2}"),
         closing_wrong_half_way(b'[{"a":', b',"b":2},3]', b',"b":2}]'),
+        nested(1_200, b"[", b",{}]"),  # flat containers between the closers
+        nested(1_200, b'{"a":', b',"b":[1, "]"],"c":{"k":"}"}}'),
+        nested(1_200, b"[", b",[1,2}]"),  # a flat container closed wrongly
+        nested(1_200, b"[", b',{"k":1}}'),  # the wrong closer after one
+        nested(1_200, b"[", b",[1,]]"),  # a malformed one
+        nested(1_200, b"[", b",[[1]]]"),  # one that is not flat
+        closing_wrong_half_way(b"[", b",{}]", b",{}}"),
+        closing_wrong_half_way(b"[", b",[1,2]]", b",[1,]]"),
+        closing_wrong_half_way(b'{"a":', b',"b":{"k":1}}', b',"b":{"k":}}'),
     ],
 )
 def test_closings_with_items_between_them_get_the_parsers_verdict(inner: bytes) -> None:
@@ -624,22 +645,9 @@ def test_closings_with_items_between_them_get_the_parsers_verdict(inner: bytes) 
         assert stream_verdict(message, cuts) == expected, (inner[-40:], cuts[:2])
 
 
-def test_deep_closings_with_items_between_them_are_left_a_run_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Closings with items or spaces between them (``…1],1],1]``, ``] ] ]``) were judged
-    a level at a time: several Python steps per level."""
-    for opener, closer in [(b"[", b",1]"), (b"[ ", b" ]"), (b'{"a":', b',"b":2}')]:
-        message = b'{"jsonrpc":"2.0","method":"m","params":{"v":%s}}' % nested(
-            20_000, opener, closer
-        )
-        for cuts in ([], list(range(0, len(message), 128 * 1024))):
-            calls, _ = judging_work(message, cuts, monkeypatch)
-            assert calls <= len(message) // 8, (closer, len(cuts), calls, len(message))
-
-
 # Between and around the openings of a deep line: scalar items, members, whitespace.
-DEEP_SCALARS = ["1", "-0.5e3", "0", "true", "null", '"x"', '"]{"', '"é"', '"a\\"b"', "1e+2"]
+DEEP_SCALARS = ["1", "-0.5e3", "0", "true", "null", '"x"', '"]{"', '"é"', '"a\\"b"', "1e+2",
+                "{}", "[ ]", '[1,"]"]', '{"k":null, "j":"}"}', "[[1]]", '{"k":[]}']  # fmt: skip
 DEEP_KEYS = ['"d"', '""', '"[{"', '"k y"', '"\\u0041"']
 DEEP_SPACES = ["", "", "", " ", "\t", "\r", " \t "]
 

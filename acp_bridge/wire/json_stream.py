@@ -109,23 +109,58 @@ _OPENER: Final = (
     rf"|\{{{_WS_CLASS}{_KEY_COLON}(?:{_SCALAR}{_WS_CLASS},{_WS_CLASS}{_KEY_COLON})*+"
 )
 _OPENERS: Final = re.compile(rf"(?:{_OPENER})+")
-# A run of openings without its strings, scalars, spaces, commas and colons is a byte per
-# container, which _CONTAINER_OF turns into the stack's byte.
+# Where that run stops short, openings with flat containers of short scalars among their
+# items as well (``[[1,2],[[1,2],…``, ``[{},[{},…``, ``{"a":{},"b":{…``): taken the other
+# way, a level cost a few Python steps. A bracket followed by another opening is one more;
+# one followed by anything else is an item if it starts a flat container followed by a
+# comma, else the next opening. A flat container is tried only where a closer comes before
+# the next opening. (Slower than the run above: only where that one stops short.)
+_FLAT: Final = (
+    rf"(?=[\[{{][^\[\]{{}}]*+[\]}}])"
+    rf"(?:\[{_WS_CLASS}(?:{_SCALAR}{_WS_CLASS},{_WS_CLASS})*+{_SCALAR}{_WS_CLASS}\]|\[{_WS_CLASS}\]"
+    rf"|\{{(?:{_FLAT_MEMBER},)*+{_FLAT_MEMBER}\}}|\{{{_WS_CLASS}\}})"
+)
+_ITEM: Final = rf"(?:{_SCALAR}|{_FLAT})"
+_FLAT_OPENER: Final = (
+    rf"\[{_WS_CLASS}(?:\[(?=[ \t\r]*+[\[{{]){_WS_CLASS})*+(?:{_ITEM}{_WS_CLASS},{_WS_CLASS})*+"
+    rf"|\{{{_WS_CLASS}{_KEY_COLON}(?:{_ITEM}{_WS_CLASS},{_WS_CLASS}{_KEY_COLON})*+"
+)
+_FLAT_OPENERS: Final = re.compile(rf"(?:{_FLAT_OPENER})+")
+# Where the plain run stopped at an opening or in an item that a closer and a comma end:
+# the flat one may go further. (Not within this much of the window's end: the window
+# stopped it.)
+_FLAT_NEXT: Final = re.compile(r'[\[{]|(?:"[^"]*+"|[^\[\]{}"])*+[\]}][ \t\r]*+,')
+_SHORT_OF_WINDOW: Final = 256
+# A run of openings without its strings, flat containers (once without their strings, no
+# bracket is inside one), scalars, spaces, commas and colons is a byte per container, which
+# _CONTAINER_OF turns into the stack's byte.
 _STRING_TEXT: Final = re.compile(rb'"[^"]*"')
+_FLAT_TEXT: Final = re.compile(rb"[\[{][^\[\]{}]*[\]}]")
 _BETWEEN_OPENINGS: Final = b" \t\r:,-+.0123456789eEtrufalsn"
 _CONTAINER_OF: Final = bytes.maketrans(b"[{", b"\x00\x01")
 _CLOSERS: Final = re.compile(r"[\]}]+")
 # A run of closings, spaced or not, each followed by the short scalar items or members
 # that come after it in its parent (``…1] ,2],"k":3}``); an item is taken only once what
-# follows it shows that it is complete. Read back (:func:`_closed_with_items`) with the
-# scalars and keys as ``v``, without spaces and commas, a member as ``K`` and an item as
-# ``V``: ``]VV}K``.
+# follows it shows that it is complete. Read back (:func:`_item_marks`) with the scalars
+# and keys as ``v`` (a flat container too, once its strings are), without spaces and
+# commas, a member as ``K`` and an item as ``V``: ``]VV}K``.
 _CLOSING: Final = re.compile(
     rf"[\]}}]{_WS_CLASS}(?:,{_WS_CLASS}(?:{_KEY_COLON})?{_SCALAR}{_WS_CLASS}(?=[,\]}}]))*+"
 )
 _CLOSINGS: Final = re.compile(rf"(?:{_CLOSING.pattern})+")
+# Where that run stops short, closings with flat containers among the items as well.
+_FLAT_CLOSING: Final = re.compile(
+    rf"[\]}}]{_WS_CLASS}(?:,{_WS_CLASS}(?:{_KEY_COLON})?{_ITEM}{_WS_CLASS}(?=[,\]}}]))*+"
+)
+_FLAT_CLOSINGS: Final = re.compile(rf"(?:{_FLAT_CLOSING.pattern})+")
+# Where the plain run of closings stopped at an item that starts with a bracket.
+_FLAT_CLOSING_NEXT: Final = re.compile(rf"{_WS_CLASS},{_WS_CLASS}(?:{_KEY_COLON})?[\[{{]")
 # What follows a run of bare closers when closings with spaces or items go on.
-_ITEM_NEXT: Final = re.compile(r'[ \t\r]*(?:,[ \t\r]*)?[\]}"0-9tfn-]')
+_ITEM_NEXT: Final = re.compile(
+    r'[ \t\r]*(?:,[ \t\r]*)?(?:[\]}"0-9tfn-]|[\[{](?=[^\[\]{}]*+[\]}]))'
+)  # (a bracket: one that a closer follows before any other, which may start a flat item)
+_CLOSING_STRING: Final = re.compile(r'"[^"]*"')
+_CLOSING_FLAT: Final = re.compile(r"[\[{][^\[\]{}]*[\]}]")
 _CLOSING_SCALAR: Final = re.compile(r'"[^"]*"|-?[0-9][0-9.eE+-]*|true|false|null')
 _CLOSING_SPACE: Final = re.compile(r"[ \t\r,]+")
 _CLOSER: Final = re.compile(r"[\]}]")
@@ -393,9 +428,9 @@ class LineValidator:
                 return after
         if char in "[{" and (self._unscanned or pos < self._scan_from) and len(self._stack) >= 2:
             # Deep nesting, or inside what a failed scan read: a run of openings at a time.
-            run = _OPENERS.match(text, pos, min(len(text), pos + _RUN_WINDOW))
-            if run is not None:
-                return _open_run(self, text, pos, run.end())
+            after = _openings_end(text, pos, min(len(text), pos + _RUN_WINDOW))
+            if after > pos:
+                return _open_run(self, text, pos, after)
         return self._value(text, pos, final)
 
     def _byte_at(self, text: str, pos: int) -> int:
@@ -841,13 +876,28 @@ def _string_end(data: bytes, decoder: codecs.IncrementalDecoder) -> int | None:
     return stop
 
 
+def _openings_end(text: str, pos: int, window: int) -> int:
+    """Where a run of openings from ``pos`` ends (within ``window``): the longer of the
+    plain run and, where that one stops short at a flat item, the run with flat items;
+    ``pos`` for none."""
+    run = _OPENERS.match(text, pos, window)
+    end = pos if run is None else run.end()
+    if end + _SHORT_OF_WINDOW < window and _FLAT_NEXT.match(text, end, window):
+        flat = _FLAT_OPENERS.match(text, pos, window)
+        if flat is not None and flat.end() > end:
+            return flat.end()
+    return end
+
+
 def _opened(text: str, pos: int, end: int) -> bytes:
     """The containers a run of openings from ``pos`` to ``end`` opens one inside the other
     (see :data:`_OPENER`), a byte each as the stack keeps them."""
     if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
         return bytes(end - pos)  # the usual run: brackets only
-    run = text[pos:end].encode("utf-8", "surrogatepass")
-    return _STRING_TEXT.sub(b"", run).translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
+    run = _STRING_TEXT.sub(b"", text[pos:end].encode("utf-8", "surrogatepass"))
+    if b"]" in run or b"}" in run:  # flat items: a closer is only ever one's
+        run = _FLAT_TEXT.sub(b"", run)
+    return run.translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
 
 
 def _closed(stack: bytearray, text: str, pos: int) -> int:
@@ -989,14 +1039,20 @@ def _closed_with_items(stack: bytearray, text: str, pos: int) -> tuple[int, int]
     closer, an item of the wrong kind), the closings before the fault, read again one at
     a time; the fault is then judged the usual way (and ends the line)."""
     window = min(len(text), pos + _RUN_WINDOW)
+    closing = _CLOSING
     run = _CLOSINGS.match(text, pos, window)
+    end = pos if run is None else run.end()
+    if end + _SHORT_OF_WINDOW < window and _FLAT_CLOSING_NEXT.match(text, end, window):
+        flat = _FLAT_CLOSINGS.match(text, pos, window)
+        if flat is not None and (run is None or flat.end() > run.end()):
+            closing, run = _FLAT_CLOSING, flat
     if run is None or not run.group().strip("]}"):
         return 0, 0
     count, fits = _closings_fit(stack, run.group())
     if fits:
         return run.end() - pos, count
     # The run's closings one by one (each is one of its repetitions).
-    closings = _CLOSING.findall(text, pos, window)[: min(count, len(stack) - 2)]
+    closings = closing.findall(text, pos, window)[: min(count, len(stack) - 2)]
     count, fits = _closings_fit(stack, "".join(closings))
     if fits:
         return sum(map(len, closings)), count
@@ -1026,6 +1082,8 @@ def _closings_fit(stack: bytearray, closings: str, closed: int = 0) -> tuple[int
 def _item_marks(closings: str) -> str:
     """``closings`` (a match of :data:`_CLOSINGS`) as its closers, ``K`` for each member
     and ``V`` for each item."""
+    if "[" in closings or "{" in closings:  # flat containers (or brackets in strings)
+        closings = _CLOSING_FLAT.sub("v", _CLOSING_STRING.sub("v", closings))
     marks = _CLOSING_SPACE.sub("", _CLOSING_SCALAR.sub("v", closings))
     return marks.replace("v:v", "K").replace("v", "V")
 
