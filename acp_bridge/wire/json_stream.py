@@ -18,8 +18,9 @@ by piece and keeps only the text it has not judged yet and a stack of open conta
   json's scanner never reads again what a scan that failed has read, so judging costs
   the line's length whatever its nesting;
 - deep nesting is entered and left a run at a time, one regular-expression match for
-  many levels: openings with the short scalar items or members before the next
-  (``[1,[1,…``), and closings with those after each (``…1],1]``), spaced or not;
+  many levels: openings with the short items or members before the next (``[1,[1,…``,
+  ``[{},[{},…``), and closings with those after each (``…1],1]``, ``…[1,2]],[1,2]]``),
+  spaced or not; a short item is a scalar or a flat container of them;
 - many small items or members of a container entered (``[{"a":[1,2]},…``, ``{"k0":0,…``)
   are judged a run at a time: json's scanner reads the text up to a comma between them,
   closed as a container of their kind.
