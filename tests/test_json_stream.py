@@ -745,14 +745,13 @@ def many(item: bytes, size: int) -> bytes:
 
 # Lines of many small items or members in a container too long for json's scanner to judge
 # whole: each of these was walked an item or a member at a time, 0.2 to 0.6 s per MiB.
+MEMBERS = b",".join(b'"k%d":%d' % (i, i) for i in range(200_000 // 14))
 MANY_SMALL = {
     "objects holding arrays": b'{"jsonrpc":"2.0","method":"m","params":[%s]}'
     % many(b'{"a":1,"b":[1,2],"c":"x"}', 200_000),
     "arrays": b'{"jsonrpc":"2.0","method":"m","params":[%s]}' % many(b"[1,2.5,null]", 200_000),
-    "members": b'{"jsonrpc":"2.0","method":"m","params":{%s}}'
-    % b",".join(b'"k%d":%d' % (i, i) for i in range(200_000 // 14)),
-    "top-level members": b'{"jsonrpc":"2.0","method":"m",%s}'
-    % b",".join(b'"k%d":%d' % (i, i) for i in range(200_000 // 14)),
+    "members": b'{"jsonrpc":"2.0","method":"m","params":{%s}}' % MEMBERS,
+    "top-level members": b'{"jsonrpc":"2.0","method":"m",%s}' % MEMBERS,
     "strings with escapes": b'{"jsonrpc":"2.0","method":"m","params":[%s]}'
     % many(b'"a \\"quoted\\" word"', 200_000),
     "strings with commas": b'{"jsonrpc":"2.0","id":7,"result":[%s]}'

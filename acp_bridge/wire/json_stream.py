@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from json import decoder
 from json.scanner import make_scanner
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from acp_bridge.wire import jsonrpc
 from acp_bridge.wire.jsonrpc import FrameError, Kind
@@ -116,8 +116,9 @@ _OPENERS: Final = re.compile(rf"(?:{_OPENER})+")
 # one followed by anything else is an item if it starts a flat container followed by a
 # comma, else the next opening. A flat container is tried only where a closer comes before
 # the next opening. (Slower than the run above: only where that one stops short.)
+_CLOSER_FIRST: Final = r"[^\[\]{}]*+[\]}]"  # after an opening: a closer before any bracket
 _FLAT: Final = (
-    rf"(?=[\[{{][^\[\]{{}}]*+[\]}}])"
+    rf"(?=[\[{{]{_CLOSER_FIRST})"
     rf"(?:\[{_WS_CLASS}(?:{_SCALAR}{_WS_CLASS},{_WS_CLASS})*+{_SCALAR}{_WS_CLASS}\]|\[{_WS_CLASS}\]"
     rf"|\{{(?:{_FLAT_MEMBER},)*+{_FLAT_MEMBER}\}}|\{{{_WS_CLASS}\}})"
 )
@@ -134,9 +135,9 @@ _FLAT_NEXT: Final = re.compile(r'[\[{]|(?:"[^"]*+"|[^\[\]{}"])*+[\]}][ \t\r]*+,'
 _SHORT_OF_WINDOW: Final = 256
 # A run of openings without its strings, flat containers (once without their strings, no
 # bracket is inside one), scalars, spaces, commas and colons is a byte per container, which
-# _CONTAINER_OF turns into the stack's byte.
-_STRING_TEXT: Final = re.compile(rb'"[^"]*"')
-_FLAT_TEXT: Final = re.compile(rb"[\[{][^\[\]{}]*[\]}]")
+# _CONTAINER_OF turns into the stack's byte. (A run of closings is read back the same way.)
+_STRING_TEXT: Final = re.compile(r'"[^"]*"')
+_FLAT_TEXT: Final = re.compile(rf"[\[{{]{_CLOSER_FIRST}")
 _BETWEEN_OPENINGS: Final = b" \t\r:,-+.0123456789eEtrufalsn"
 _CONTAINER_OF: Final = bytes.maketrans(b"[{", b"\x00\x01")
 _CLOSERS: Final = re.compile(r"[\]}]+")
@@ -158,10 +159,8 @@ _FLAT_CLOSINGS: Final = re.compile(rf"(?:{_FLAT_CLOSING.pattern})+")
 _FLAT_CLOSING_NEXT: Final = re.compile(rf"{_WS_CLASS},{_WS_CLASS}(?:{_KEY_COLON})?[\[{{]")
 # What follows a run of bare closers when closings with spaces or items go on.
 _ITEM_NEXT: Final = re.compile(
-    r'[ \t\r]*(?:,[ \t\r]*)?(?:[\]}"0-9tfn-]|[\[{](?=[^\[\]{}]*+[\]}]))'
+    rf'[ \t\r]*(?:,[ \t\r]*)?(?:[\]}}"0-9tfn-]|[\[{{](?={_CLOSER_FIRST}))'
 )  # (a bracket: one that a closer follows before any other, which may start a flat item)
-_CLOSING_STRING: Final = re.compile(r'"[^"]*"')
-_CLOSING_FLAT: Final = re.compile(r"[\[{][^\[\]{}]*[\]}]")
 _CLOSING_SCALAR: Final = re.compile(r'"[^"]*"|-?[0-9][0-9.eE+-]*|true|false|null')
 _CLOSING_SPACE: Final = re.compile(r"[ \t\r,]+")
 _CLOSER: Final = re.compile(r"[\]}]")
@@ -877,17 +876,35 @@ def _string_end(data: bytes, decoder: codecs.IncrementalDecoder) -> int | None:
     return stop
 
 
+class _Runs(NamedTuple):
+    """The plain run of openings or closings, the one that also takes flat items, and
+    what, where the plain one stops, says a flat item may be next."""
+
+    plain: re.Pattern[str]
+    flat: re.Pattern[str]
+    flat_next: re.Pattern[str]
+
+    def match(self, text: str, pos: int, window: int) -> tuple[re.Match[str] | None, bool]:
+        """The plain run at ``pos`` (within ``window``), or the longer flat one where the
+        plain one stops short of the window at what may be a flat item; and whether it is
+        the flat one."""
+        run = self.plain.match(text, pos, window)
+        end = pos if run is None else run.end()
+        if end + _SHORT_OF_WINDOW < window and self.flat_next.match(text, end, window):
+            longer = self.flat.match(text, pos, window)
+            if longer is not None and longer.end() > end:
+                return longer, True
+        return run, False
+
+
 def _openings_end(text: str, pos: int, window: int) -> int:
-    """Where a run of openings from ``pos`` ends (within ``window``): the longer of the
-    plain run and, where that one stops short at a flat item, the run with flat items;
-    ``pos`` for none."""
-    run = _OPENERS.match(text, pos, window)
-    end = pos if run is None else run.end()
-    if end + _SHORT_OF_WINDOW < window and _FLAT_NEXT.match(text, end, window):
-        flat = _FLAT_OPENERS.match(text, pos, window)
-        if flat is not None and flat.end() > end:
-            return flat.end()
-    return end
+    """Where a run of openings from ``pos`` ends (within ``window``); ``pos`` for none."""
+    run, _ = _OPENING_RUNS.match(text, pos, window)
+    return pos if run is None else run.end()
+
+
+_OPENING_RUNS: Final = _Runs(_OPENERS, _FLAT_OPENERS, _FLAT_NEXT)
+_CLOSING_RUNS: Final = _Runs(_CLOSINGS, _FLAT_CLOSINGS, _FLAT_CLOSING_NEXT)
 
 
 def _opened(text: str, pos: int, end: int) -> bytes:
@@ -895,10 +912,10 @@ def _opened(text: str, pos: int, end: int) -> bytes:
     (see :data:`_OPENER`), a byte each as the stack keeps them."""
     if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
         return bytes(end - pos)  # the usual run: brackets only
-    run = _STRING_TEXT.sub(b"", text[pos:end].encode("utf-8", "surrogatepass"))
-    if b"]" in run or b"}" in run:  # flat items: a closer is only ever one's
-        run = _FLAT_TEXT.sub(b"", run)
-    return run.translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
+    run = _STRING_TEXT.sub("", text[pos:end])
+    if "]" in run or "}" in run:  # flat items: a closer is only ever one's
+        run = _FLAT_TEXT.sub("", run)
+    return run.encode("utf-8", "surrogatepass").translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
 
 
 def _closed(stack: bytearray, text: str, pos: int) -> int:
@@ -986,27 +1003,21 @@ def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, 
     there is not one valid container (a string or a container is left open), so the
     scanner refuses it; if it is between items, the scanner judges them as the walk would.
     """
-    count = text.count
     cut = text.rfind(",", pos, end)
-    if cut - pos < _ITEMS_AT_LEAST or count(",", pos, cut) < _ITEMS_COMMAS:
+    if cut - pos < _ITEMS_AT_LEAST or text.count(",", pos, cut) < _ITEMS_COMMAS:
         return None  # not many small items: large ones, or deep nesting
     bracket = _BRACKET.search(text, pos, cut)
     if bracket is not None and bracket[0] in "]}":
         return None  # the container closes first
-    depth = (
-        count("[", pos, cut) + count("{", pos, cut) - count("]", pos, cut) - count("}", pos, cut)
-    )
-    quotes = count('"', pos, cut) - count('\\"', pos, cut)
+    depth, quotes = _balance(text, pos, cut)
     for _ in range(_ITEMS_CUTS):
         if depth == 0 and quotes % 2 == 0:
             break
         before = text.rfind(",", pos, cut)
         if before - pos < _ITEMS_AT_LEAST:
             return None
-        depth -= count("[", before, cut) + count("{", before, cut)
-        depth += count("]", before, cut) + count("}", before, cut)
-        quotes -= count('"', before, cut) - count('\\"', before, cut)
-        cut = before
+        opened, quoted = _balance(text, before, cut)
+        depth, quotes, cut = depth - opened, quotes - quoted, before
     else:
         return None
     run = ("{" if is_object else "[") + text[pos:cut] + ("}" if is_object else "]")
@@ -1016,6 +1027,15 @@ def _run_of_items(text: str, pos: int, end: int, is_object: bool) -> tuple[Any, 
         return None
     # Scanned short of the end: the container's closer came before the comma.
     return (value, cut) if after == len(run) else None
+
+
+def _balance(text: str, start: int, end: int) -> tuple[int, int]:
+    """How many more openings than closers ``text[start:end]`` holds, and how many quotes
+    (escaped ones aside)."""
+    count = text.count
+    opened = count("[", start, end) + count("{", start, end)
+    closed = count("]", start, end) + count("}", start, end)
+    return opened - closed, count('"', start, end) - count('\\"', start, end)
 
 
 def _closing_run(stack: bytearray, text: str, pos: int, *, items: bool) -> tuple[int, int]:
@@ -1040,13 +1060,8 @@ def _closed_with_items(stack: bytearray, text: str, pos: int) -> tuple[int, int]
     closer, an item of the wrong kind), the closings before the fault, read again one at
     a time; the fault is then judged the usual way (and ends the line)."""
     window = min(len(text), pos + _RUN_WINDOW)
-    closing = _CLOSING
-    run = _CLOSINGS.match(text, pos, window)
-    end = pos if run is None else run.end()
-    if end + _SHORT_OF_WINDOW < window and _FLAT_CLOSING_NEXT.match(text, end, window):
-        flat = _FLAT_CLOSINGS.match(text, pos, window)
-        if flat is not None and (run is None or flat.end() > run.end()):
-            closing, run = _FLAT_CLOSING, flat
+    run, flat = _CLOSING_RUNS.match(text, pos, window)
+    closing = _FLAT_CLOSING if flat else _CLOSING
     if run is None or not run.group().strip("]}"):
         return 0, 0
     count, fits = _closings_fit(stack, run.group())
@@ -1084,7 +1099,7 @@ def _item_marks(closings: str) -> str:
     """``closings`` (a match of :data:`_CLOSINGS`) as its closers, ``K`` for each member
     and ``V`` for each item."""
     if "[" in closings or "{" in closings:  # flat containers (or brackets in strings)
-        closings = _CLOSING_FLAT.sub("v", _CLOSING_STRING.sub("v", closings))
+        closings = _FLAT_TEXT.sub("v", _STRING_TEXT.sub("v", closings))
     marks = _CLOSING_SPACE.sub("", _CLOSING_SCALAR.sub("v", closings))
     return marks.replace("v:v", "K").replace("v", "V")
 
