@@ -892,3 +892,15 @@ def test_runs_of_items_tried_cost_the_lines_length_at_most(
             fed(message, cuts)
         monkeypatch.undo()
         assert tried <= 2 * len(message), (inner[-20:], len(cuts), tried, len(message))
+
+
+@pytest.mark.parametrize("tail", ['{"a":[1,2],"s":"x, y', '"x, y'])
+def test_a_run_of_items_ends_at_the_last_comma_between_two_of_them(tail: str) -> None:
+    """The last commas of a window inside an item, or inside a string, are passed over for
+    the last one between two items (the bracket and quote counts, see ``_balance``)."""
+    items = ",".join(['{"a":[1,2],"s":"x, y"}', '"x, y"'] * 20 + ['"say \\"hi"'])
+    text = f"{items},{tail}"
+    run = json_stream._run_of_items(text, 0, len(text), is_object=False)
+    assert run is not None
+    assert run[1] == len(items), run[1]
+    assert run[0] == json.loads(f"[{items}]")
