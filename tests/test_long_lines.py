@@ -169,6 +169,48 @@ def test_a_cut_line_is_ended_as_json_and_its_sender_hears_why_without_any_io() -
     assert answer["error"]["code"] == fault.value.code
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jsonrpc":"2.0","id":7,"method":5}',
+        b'{"jsonrpc":"2.0","id":"a","method":"m","params":3}',
+        b'{"jsonrpc":"2.0","id":[1],"method":"m"}',
+        b'{"jsonrpc":"2.0","id":8,"result":1,"error":{"code":1,"message":"m"}}',
+        b'{"jsonrpc":"2.0","id":9,"method":"m","params":' + b"7" * 5000 + b"}",
+        b"[]",
+        b"42",
+    ],
+)
+def test_a_client_line_json_read_whole_is_answered_without_judging_it_again(
+    raw: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # json's decoder has read the line whole: it is valid JSON, and the error names the
+    # request's id where the line has one. A second walk by the validator (a Python step
+    # per token) only repeated that: the relay fuzz sends thousands of such lines.
+    from acp_bridge.wire import json_stream
+
+    with pytest.raises(jsonrpc.FrameError) as refused:
+        jsonrpc.parse(raw)
+    error = refused.value
+    assert error.code != jsonrpc.PARSE_ERROR
+    judged: list[bytes] = []
+    judge = json_stream.judge
+
+    def counted(line: bytes) -> tuple[json_stream.Envelope, jsonrpc.FrameError | None]:
+        judged.append(line)
+        return judge(line)
+
+    monkeypatch.setattr(json_stream, "judge", counted)
+    router = Router()
+    assert LongLines(router).unparsed(CLIENT, raw, error, tried_whole=False) is None
+    ((peer, sent),) = [(send.peer, send.raw) for send in router.data_to_send()]
+    answer = json.loads(sent)
+    assert peer == CLIENT
+    assert answer["id"] == error.request_id
+    assert answer["error"] == {"code": error.code, "message": error.message}
+    assert judged == []
+
+
 def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() -> None:
     router, sent = sinkless()
     line = b'{"jsonrpc":"2.0","method":"x","params":{"c":"' + b"y" * 100 + b'"},"id":9}'

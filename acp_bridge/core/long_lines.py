@@ -210,6 +210,15 @@ class LongLines:
         been answered or it was dropped (rule 6)."""
         from acp_bridge.wire import json_stream
 
+        if (
+            sender == CLIENT
+            and error.code != jsonrpc.PARSE_ERROR
+            and not isinstance(error, jsonrpc.NestedTooDeeply)
+        ):
+            # json's decoder read it whole: valid JSON, whose error names the request's id
+            # where it has one. Judging it again would find no fault to answer instead.
+            self.router.answer_error(error.request_id, error.code, error.message)
+            return None
         envelope, fault = json_stream.judge(raw)
         if fault is None and isinstance(error, jsonrpc.NestedTooDeeply):
             receiver = None if tried_whole else self._pass_whole(sender, envelope)
