@@ -1096,8 +1096,8 @@ def _closings_fit(stack: bytearray, closings: str, closed: int = 0) -> tuple[int
 
 
 def _item_marks(closings: str) -> str:
-    """``closings`` (a match of :data:`_CLOSINGS`) as its closers, ``K`` for each member
-    and ``V`` for each item."""
+    """``closings`` (a match of :data:`_CLOSINGS` or :data:`_FLAT_CLOSINGS`) as its
+    closers, ``K`` for each member and ``V`` for each item."""
     if "[" in closings or "{" in closings:  # flat containers (or brackets in strings)
         closings = _FLAT_TEXT.sub("v", _STRING_TEXT.sub("v", closings))
     marks = _CLOSING_SPACE.sub("", _CLOSING_SCALAR.sub("v", closings))
