@@ -15,11 +15,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from fuzz_size import inputs
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_parse_fast_path import batch_lines, mutated_lines
-from test_parse_fast_path import lines as generated_lines
 from test_runtime import bridge_over_memory
 
 from acp_bridge.core.long_lines import LongLines
@@ -214,35 +209,6 @@ def test_a_client_line_json_read_whole_is_answered_without_judging_it_again(
     assert answer["id"] == error.request_id
     assert answer["error"] == {"code": error.code, "message": error.message}
     assert judged == []
-
-
-@settings(max_examples=inputs(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(generated_lines(), batch_lines(), mutated_lines()))
-def test_a_refused_client_line_gets_the_answer_judging_it_again_would_give(raw: bytes) -> None:
-    # The short way for a line json's decoder read whole is held to the way every other
-    # refused client line takes: the validator judges the line, and its fault, else the
-    # decoder's error, is answered. Lines nested too deeply to build are left out: they
-    # may pass whole, and take the long way as before.
-    from acp_bridge.wire import json_stream
-
-    raw = raw.replace(b"\n", b"\r")  # a line never holds a newline
-    try:
-        jsonrpc.parse(raw)
-    except jsonrpc.NestedTooDeeply:
-        return
-    except jsonrpc.FrameError as exc:
-        error = exc
-    else:
-        return
-    _, fault = json_stream.judge(raw)
-    if error.code != jsonrpc.PARSE_ERROR:
-        assert fault is None, (raw, fault.message)  # json read it: no fault to find
-    judged = fault or error
-    plain = Router()
-    plain.answer_error(judged.request_id, judged.code, judged.message)
-    router = Router()
-    assert LongLines(router).unparsed(CLIENT, raw, error, tried_whole=False) is None
-    assert router.data_to_send() == plain.data_to_send(), raw
 
 
 def test_a_streamed_request_is_recorded_at_its_end_and_its_answer_goes_back() -> None:

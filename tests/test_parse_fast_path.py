@@ -3,7 +3,9 @@
 ``parse`` reads the usual line through json's C scanner and hands everything else to
 ``parse_in_full``; both must give the same frame, or the same error, for any line. So must
 the streaming validator that reads a long line as it arrives (``json_stream``), however
-the line is split. Lines come from hypothesis: JSON-RPC-shaped objects written with
+the line is split, and so must the answer to a client line ``parse`` refuses
+(``core/long_lines``: the decoder's error for a line it read whole, without judging it
+again). Lines come from hypothesis: JSON-RPC-shaped objects written with
 duplicate and escaped keys, odd ids, answers with a result and an error or an error object
 of the wrong shape, lone surrogates and random whitespace, then mutated byte by byte.
 How many lines each test draws: :mod:`fuzz_size` (``ACP_BRIDGE_FULL_FUZZ=1`` for all).
@@ -20,6 +22,9 @@ from fuzz_size import inputs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from acp_bridge.core.long_lines import LongLines
+from acp_bridge.core.router import CLIENT, Router
+from acp_bridge.wire import json_stream
 from acp_bridge.wire.json_stream import LineValidator
 from acp_bridge.wire.jsonrpc import (
     CANCEL_REQUEST,
@@ -245,6 +250,31 @@ def assert_agrees(raw: bytes) -> Frame | None:
     return frame
 
 
+def assert_refused_line_answered_as_judged(raw: bytes) -> None:
+    """The short way for a client line json's decoder read whole is held to the way every
+    other refused client line takes: the validator judges the line, and its fault, else
+    the decoder's error, is answered. Lines nested too deeply to build are left out: they
+    may pass whole, and take the long way as before."""
+    raw = raw.replace(b"\n", b"\r")  # a line never holds a newline
+    try:
+        parse(raw)
+    except NestedTooDeeply:
+        return
+    except FrameError as exc:
+        error = exc
+    else:
+        return
+    _, fault = json_stream.judge(raw)
+    if error.code != PARSE_ERROR:
+        assert fault is None, (raw, fault.message)  # json read it: no fault to find
+    judged = fault or error
+    plain = Router()
+    plain.answer_error(judged.request_id, judged.code, judged.message)
+    router = Router()
+    assert LongLines(router).unparsed(CLIENT, raw, error, tried_whole=False) is None
+    assert router.data_to_send() == plain.data_to_send(), raw
+
+
 SETTINGS = settings(
     max_examples=inputs(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -293,6 +323,7 @@ def test_parse_agrees_with_parse_in_full_on_crafted_lines(raw: bytes) -> None:
 @given(mutated_lines())
 def test_parse_agrees_with_parse_in_full_on_mutated_lines(raw: bytes) -> None:
     assert_agrees(raw)
+    assert_refused_line_answered_as_judged(raw)
 
 
 def judged_whole(raw: bytes) -> Frame | tuple[type, int, str]:
@@ -352,6 +383,7 @@ def assert_judged_as_whole(raw: bytes) -> None:
 @example(b"\xef\xbb\xbf[1]")
 def test_a_batch_read_a_member_at_a_time_is_judged_as_when_read_whole(raw: bytes) -> None:
     assert_judged_as_whole(raw)
+    assert_refused_line_answered_as_judged(raw)
 
 
 @pytest.mark.parametrize(
@@ -421,8 +453,9 @@ def assert_streamed_agrees(raw: bytes, cuts: list[int]) -> None:
 def test_parse_and_the_streamed_envelope_agree_with_parse_in_full_on_generated_lines(
     raw: bytes, rng: Any
 ) -> None:
-    # One generated line serves both properties: drawing it costs more than checking it.
+    # One generated line serves every property: drawing it costs more than checking it.
     assert_agrees(raw)
+    assert_refused_line_answered_as_judged(raw)
     raw = raw.replace(b"\n", b"\r")  # a line never holds a newline; \r fares as it would
     every = list(range(1, len(raw)))
     splits = [[], every]
