@@ -58,8 +58,9 @@ def exit_now(code: object) -> NoReturn:
     :mod:`atexit` run (logging's flush, the finalizers of temporary files), stdout and
     stderr are flushed, and a code that is not a number is printed, status 1. The teardown
     left out only frees what the kernel frees anyway: it walked every module and object the
-    command had loaded, about 10 ms of CPU at the end of each bridge run, and in a process
-    forked from one that had loaded them it also copied each page it touched. An exception
+    command had loaded, about 50 ms of CPU at the end of each bridge run (a fifth of the
+    run's CPU; bench/README.md, "tenth run"), and in a process forked from one that had
+    loaded them it also copied each page it touched. An exception
     other than ``SystemExit`` still ends the process the usual way, with its traceback.
     """
     status = 0
