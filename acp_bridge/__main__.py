@@ -60,8 +60,8 @@ def exit_now(code: object) -> NoReturn:
     left out only frees what the kernel frees anyway: it walked every module and object the
     command had loaded, about 50 ms of CPU at the end of each bridge run (a fifth of the
     run's CPU; bench/README.md, "tenth run"), and in a process forked from one that had
-    loaded them it also copied each page it touched. An exception
-    other than ``SystemExit`` still ends the process the usual way, with its traceback.
+    loaded them it also copied each page it touched. An exception other than
+    ``SystemExit`` still ends the process the usual way, with its traceback.
     """
     status = 0
     if isinstance(code, int):
