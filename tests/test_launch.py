@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -96,43 +95,4 @@ def test_nothing_before_the_agents_spawn_imports_typing() -> None:
         "False",
         False,
         True,  # the list is read: the watchdog needs signal
-    )
-
-
-# A command's end, as acp_bridge.__main__ ends it: buffered output, a function registered
-# with atexit, then exit_now(CODE), and a line that must not run.
-ENDS_WITH = """
-import atexit, sys
-from acp_bridge.__main__ import exit_now
-atexit.register(lambda: sys.stderr.write("atexit ran\\n"))
-sys.stdout.write("buffered")
-exit_now({code!r})
-print("not reached")
-"""
-
-
-@pytest.mark.parametrize(
-    ("code", "status", "said"),
-    [
-        (None, 0, ""),
-        (0, 0, ""),
-        (3, 3, ""),
-        ("The database is locked.", 1, "The database is locked.\n"),
-    ],
-)
-def test_a_command_ends_as_its_system_exit_says_without_the_teardown(
-    code: object, status: int, said: str
-) -> None:
-    # The process ends without the interpreter's teardown; what that exit would still do
-    # is done: the status and message SystemExit(code) gives, atexit's functions (the early
-    # start's clean-up among them), and what stdout and stderr hold, written.
-    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    done = subprocess.run(
-        [sys.executable, "-c", ENDS_WITH.format(code=code)],
-        capture_output=True, timeout=30, check=False, env=buffered,
-    )  # fmt: skip
-    assert (done.returncode, done.stdout.decode(), done.stderr.decode()) == (
-        status,
-        "buffered",
-        said + "atexit ran\n",
     )
