@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from agent_processes import live_processes
 from conftest import pid_alive
 
 from acp_bridge.commands.launch import agent_command
@@ -96,3 +98,75 @@ def test_nothing_before_the_agents_spawn_imports_typing() -> None:
         False,
         True,  # the list is read: the watchdog needs signal
     )
+
+
+# A command's end, as acp_bridge.__main__ ends it: buffered output, a function registered
+# with atexit, then exit_now(CODE), and a line that must not run.
+ENDS_WITH = """
+import atexit, sys
+from acp_bridge.__main__ import exit_now
+atexit.register(lambda: sys.stderr.write("atexit ran\\n"))
+sys.stdout.write("buffered")
+exit_now({code!r})
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "said"),
+    [
+        (None, 0, ""),
+        (0, 0, ""),
+        (3, 3, ""),
+        ("The database is locked.", 1, "The database is locked.\n"),
+    ],
+)
+def test_a_command_ends_as_its_system_exit_says_without_the_teardown(
+    code: object, status: int, said: str
+) -> None:
+    # The process ends without the interpreter's teardown; what that exit would still do
+    # is done: the status and message SystemExit(code) gives, atexit's functions (the early
+    # start's clean-up among them), and what stdout and stderr hold, written.
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    done = subprocess.run(
+        [sys.executable, "-c", ENDS_WITH.format(code=code)],
+        capture_output=True, timeout=30, check=False, env=buffered,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.decode(), done.stderr.decode()) == (
+        status,
+        "buffered",
+        said + "atexit ran\n",
+    )
+
+
+# A command's watchdogs at its end: one released (its agent stopped), one still held (an
+# agent the command did not stop: its group is a `sleep` in a session of its own).
+WATCHDOGS_AT_THE_END = """
+import os, subprocess
+from acp_bridge.__main__ import exit_now
+from acp_bridge.supervision.agent_watchdog import Watchdog
+released, held = Watchdog.start(), Watchdog.start()
+agent = subprocess.Popen(
+    ["sleep", "30"], env=held.mark(os.environ), start_new_session=True
+)
+held.watch(agent.pid)
+released.release()
+exit_now(0)
+"""
+
+
+def test_no_watchdog_or_agent_of_a_command_outlives_its_process(tmp_path: Path) -> None:
+    # The watchdogs run in sessions of their own, and act when told or when their pipe
+    # closes: the command's end waits for them (and for what they end), so that right
+    # after the command's process has ended none of them, and no agent, is left. (Its
+    # output goes to a file: a pipe would be read until they too had closed it.)
+    name, value = "ACP_BRIDGE_TEST_END", os.urandom(8).hex()
+    with (tmp_path / "stderr").open("wb") as stderr:
+        status = subprocess.run(
+            [sys.executable, "-c", WATCHDOGS_AT_THE_END], stdout=subprocess.DEVNULL,
+            stderr=stderr, timeout=30, check=False, env={**os.environ, name: value},
+        ).returncode  # fmt: skip
+    left = live_processes(f"{name}={value}")
+    for pid in left:  # not to leave them to the rest of the suite
+        os.kill(pid, 9)
+    assert (status, (tmp_path / "stderr").read_text(), left) == (0, "", [])

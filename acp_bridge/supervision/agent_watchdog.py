@@ -60,8 +60,9 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
+    import weakref
     from collections.abc import Mapping
-    from typing import Final
+    from typing import ClassVar, Final
 
 POLL: Final = 0.02
 # How long the group of an already dead bridge gets to handle SIGTERM.
@@ -97,6 +98,9 @@ class Watchdog:
     bridge dies.
     """
 
+    held: ClassVar[weakref.WeakSet[Watchdog] | None] = None
+    """Watchdogs started, neither told to exit nor dropped yet (made with the first)."""
+
     def __init__(self, process: subprocess.Popen[bytes], pipe: int) -> None:
         self.process = process
         self._pipe: int | None = pipe
@@ -105,8 +109,9 @@ class Watchdog:
     def start(cls, grace: float = GRACE) -> Watchdog:
         """Start a watchdog that names nothing yet. Raises OSError if it cannot start."""
         import subprocess
+        import weakref
 
-        _reap_released()
+        _reap_ended()
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
             process = subprocess.Popen(
@@ -122,7 +127,11 @@ class Watchdog:
             raise
         finally:
             os.close(read_end)
-        return cls(process, write_end)
+        watchdog = cls(process, write_end)
+        if Watchdog.held is None:
+            Watchdog.held = weakref.WeakSet()
+        Watchdog.held.add(watchdog)
+        return watchdog
 
     def mark(self, environment: Mapping[str, str]) -> dict[str, str]:
         """``environment`` with a mark of this watchdog's: the agent's environment. Mark
@@ -157,8 +166,7 @@ class Watchdog:
         later (by the next :meth:`start`), so that stopping an agent does not wait for it."""
         self._send(RELEASE)
         self.abandon()
-        _released.append(self.process)
-        _reap_released()
+        _reap_ended()
 
     def discard(self) -> None:
         """End a watchdog that has nothing to watch (the agent could not start) at once."""
@@ -172,21 +180,42 @@ class Watchdog:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             os.close(pipe)
+            _ending.append(self.process)
+        if Watchdog.held is not None:
+            Watchdog.held.discard(self)
 
     def __del__(self) -> None:
         pipe = getattr(self, "_pipe", None)
         if pipe is not None:
             with contextlib.suppress(OSError):
                 os.close(pipe)
+            _ending.append(self.process)
 
 
-# Watchdogs told to exit and not reaped yet: each start or release reaps those that have
-# exited, so a long-running server does not collect zombies.
-_released: list[subprocess.Popen[bytes]] = []
+# Watchdogs told to exit, or whose pipe was closed, and not reaped yet: each start or
+# release reaps those that have exited, so a long-running server does not collect zombies.
+_ending: list[subprocess.Popen[bytes]] = []
 
 
-def _reap_released() -> None:
-    _released[:] = [watchdog for watchdog in _released if watchdog.poll() is None]
+def _reap_ended() -> None:
+    _ending[:] = [watchdog for watchdog in _ending if watchdog.poll() is None]
+
+
+def finish(timeout: float = GRACE + 1.0) -> None:
+    """At the end of the process that started them: each watchdog still held acts now, as
+    it would once the process had ended (its pipe is closed), and the process waits, at
+    most ``timeout`` seconds, for every watchdog it started to exit. A watchdog that acts
+    exits once the group it ends is gone, so neither it nor an agent outlives the process
+    (the bridge's end: :func:`acp_bridge.__main__.exit_now`)."""
+    import subprocess
+
+    for watchdog in list(Watchdog.held or ()):
+        watchdog.abandon()
+    deadline = time.monotonic() + timeout
+    for process in _ending:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(0.0, deadline - time.monotonic()))
+    _reap_ended()
 
 
 # pid -> start time, so that a pid the kernel gave to another process is never signalled.
