@@ -26,6 +26,7 @@ unanswered even at 5,000 lines).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections import Counter
@@ -76,11 +77,19 @@ CLIENT_METHODS: Final = [
 AGENT_METHODS: Final = ["session/update", "fs/read_text_file", "session/request_permission"]
 KEYS: Final = ["jsonrpc", "id", "method", "params", "result", "error"]
 PARAM_KEYS: Final = ["sessionId", "requestId", "systemPrompt", "_meta", "cwd", "mcpServers", "x"]
+VALUE_KEYS: Final = [*PARAM_KEYS, "type", "text", "mode", "content"]
+ODD_CHARACTERS: Final = [*ODD_TEXT, "a", "b", " "]
+
+
+@functools.cache
+def dumped(name: str) -> str:
+    """A member name or method as JSON text (from the few above: made once each)."""
+    return json.dumps(name)
 
 
 def odd_string(rng: random.Random) -> str:
     """JSON string *source* text (escapes kept as escapes), quotes included."""
-    body = "".join(rng.choice([*ODD_TEXT, "a", "b", " "]) for _ in range(rng.randint(0, 5)))
+    body = "".join(rng.choice(ODD_CHARACTERS) for _ in range(rng.randint(0, 5)))
     return f'"{body}"'
 
 
@@ -123,9 +132,8 @@ class Values:
             return odd_string(rng)
         if depth > 2 or roll < 0.7:
             return "[" + ",".join(self.any(depth + 1) for _ in range(rng.randint(0, 3))) + "]"
-        keys = [*PARAM_KEYS, "type", "text", "mode", "content"]
         members = [
-            f"{json.dumps(rng.choice(keys))}:{self.any(depth + 1)}"
+            f"{dumped(rng.choice(VALUE_KEYS))}:{self.any(depth + 1)}"
             for _ in range(rng.randint(0, 3))
         ]
         return "{" + ",".join(members) + "}"
@@ -147,9 +155,7 @@ class Ids:
 
 def members_text(members: list[tuple[str, str]], rng: random.Random) -> str:
     space = rng.choice(["", "", "", " "])
-    return (
-        "{" + f",{space}".join(f"{json.dumps(key)}:{space}{value}" for key, value in members) + "}"
-    )
+    return "{" + f",{space}".join(f"{dumped(key)}:{space}{value}" for key, value in members) + "}"
 
 
 class Messages:
@@ -163,7 +169,7 @@ class Messages:
 
     def params(self, method: str) -> list[tuple[str, str]]:
         rng = self.rng
-        members = [("sessionId", json.dumps(rng.choice(["sess-1", "sess-2", "s"])))]
+        members = [("sessionId", dumped(rng.choice(["sess-1", "sess-2", "s"])))]
         if method in ("session/new", "session/load", "session/resume", "session/fork"):
             members += [("cwd", '"/"'), ("mcpServers", "[]")]
             if rng.random() < 0.6:
@@ -190,9 +196,9 @@ class Messages:
         roll = rng.random()
         if roll < 0.5:
             return [("jsonrpc", '"2.0"'), ("id", self.ids.fresh(rng)),
-                    ("method", json.dumps(method)), ("params", params)]  # fmt: skip
+                    ("method", dumped(method)), ("params", params)]  # fmt: skip
         if roll < 0.8:
-            return [("jsonrpc", '"2.0"'), ("method", json.dumps(method)), ("params", params)]
+            return [("jsonrpc", '"2.0"'), ("method", dumped(method)), ("params", params)]
         return [("jsonrpc", '"2.0"'), ("id", self.values.any(2)), ("result", self.values.any())]
 
     def agent_message(self, index: int) -> list[tuple[str, str]]:
@@ -201,10 +207,10 @@ class Messages:
         params = members_text([("sessionId", '"sess-1"'), ("update", self.values.any(1))], rng)
         roll = rng.random()
         if roll < 0.55:
-            return [("jsonrpc", '"2.0"'), ("method", json.dumps(method)), ("params", params)]
+            return [("jsonrpc", '"2.0"'), ("method", dumped(method)), ("params", params)]
         if roll < 0.75:
             return [("jsonrpc", '"2.0"'), ("id", f'"agent-{index}"'),
-                    ("method", json.dumps(method)), ("params", params)]  # fmt: skip
+                    ("method", dumped(method)), ("params", params)]  # fmt: skip
         if roll < 0.85:
             return [("jsonrpc", '"2.0"'), ("method", '"$/cancel_request"'),
                     ("params", f'{{"requestId":{self.values.any(2)}}}')]  # fmt: skip
