@@ -28,6 +28,10 @@ a NUL byte):
   killed it). SIGTERM the group, SIGKILL what is left after a short grace, remove the
   private files still named, exit.
 
+At its own end the bridge does not leave that to the kernel (:func:`finish`): it closes
+the pipe of each watchdog it still holds and waits for every watchdog it started to exit,
+so none of them, and nothing one of them ends, outlives the bridge's process.
+
 The same process without a group keeps a pool's private folders (``acp_bridge.pool``):
 they are named to it as soon as they exist, before any prompt text is written to them.
 
