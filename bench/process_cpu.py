@@ -4,7 +4,8 @@
 
 Each run starts ``PY -m acp_bridge --state :memory: -- PY AGENT`` as an editor would,
 sends ``initialize``, waits for the answer, sends one ``session/new`` with a
-``systemPrompt``, waits for that answer, closes stdin and waits for the bridge to exit.
+``systemPrompt``, waits for that answer, closes stdin and waits for the bridge to exit
+(that wait is the second figure: how long the bridge takes to end).
 The agent is ``tests/fake_agent.py`` (``fake``) or ``bench/echo_agent.py`` (``echo``).
 
 The bridge's CPU is what ``wait4`` reports for it (user and system time of all its
@@ -23,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +57,8 @@ def line(message: dict[str, object]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def one_run(python: str, agent: Path) -> float:
-    """The bridge's CPU in ms for one run."""
+def one_run(python: str, agent: Path) -> tuple[float, float]:
+    """The bridge's CPU in ms for one run, and the ms from stdin's close to its exit."""
     command = [python, "-m", "acp_bridge", "--state", ":memory:", "--"]
     command += [python, "-c", REPORTING, str(agent)]
     bridge = subprocess.Popen(
@@ -72,13 +74,15 @@ def one_run(python: str, agent: Path) -> float:
         bridge.stdin.write(line(message))
         bridge.stdin.flush()
         answers.append(bridge.stdout.readline())
+    closed = time.perf_counter()
     bridge.stdin.close()
     _, status, usage = os.wait4(bridge.pid, 0)
+    ending = (time.perf_counter() - closed) * 1000
     stderr = bridge.stderr.read().decode(errors="replace")
     agent_cpu = re.search(r"agent cpu ([0-9.]+)", stderr)
     if status != 0 or agent_cpu is None or not all(b'"result"' in a for a in answers):
         sys.exit(f"{python}: the run failed (status {status}): {answers} {stderr}")
-    return (usage.ru_utime + usage.ru_stime) * 1000 - float(agent_cpu.group(1))
+    return (usage.ru_utime + usage.ru_stime) * 1000 - float(agent_cpu.group(1)), ending
 
 
 def main() -> None:
@@ -88,16 +92,18 @@ def main() -> None:
     parser.add_argument("--python", action="append", help="default: this interpreter")
     args = parser.parse_args()
     pythons = [os.path.abspath(python) for python in args.python or [sys.executable]]
-    figures: dict[str, list[float]] = {python: [] for python in pythons}
+    figures: dict[str, list[tuple[float, float]]] = {python: [] for python in pythons}
     loads = []
     for _ in range(args.runs):
         for python in pythons:
             figures[python].append(one_run(python, AGENTS[args.agent]))
             loads.append(os.getloadavg()[0])
-    for python, ms in figures.items():
+    for python, runs in figures.items():
+        ms, ends = [cpu for cpu, _ in runs], [end for _, end in runs]
         print(
             f"{python}: bridge CPU median {statistics.median(ms):.1f} ms "
-            f"(least {min(ms):.1f}, most {max(ms):.1f})"
+            f"(least {min(ms):.1f}, most {max(ms):.1f}); stdin closed -> exit median "
+            f"{statistics.median(ends):.1f} ms (least {min(ends):.1f}, most {max(ends):.1f})"
         )
     print(f"{args.runs} runs each, agent {args.agent}, load {min(loads):.2f}-{max(loads):.2f}")
 
