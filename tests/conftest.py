@@ -37,6 +37,7 @@ from acp_bridge.commands.cli import make_tracer, resolve_runtime
 from acp_bridge.runtime.relay import Bridge
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore
+from acp_bridge.supervision import agent_watchdog
 from acp_bridge.wire.framing import Line, LineSplitter
 
 # The test modules, rewritten for pytest's assertions, are kept compiled in __pycache__
@@ -98,8 +99,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The server bridges were forked from exits (and is waited for) before the report."""
+    """The server bridges were forked from exits (and is waited for) before the report, and
+    the watchdogs of the bridges run in this process have exited, as at a bridge's end."""
     preloaded.end_session()
+    agent_watchdog.finish()
 
 
 def pid_alive(pid: int) -> bool:

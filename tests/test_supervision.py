@@ -21,7 +21,7 @@ from conftest import OpenBridge, RunningBridge, pid_alive
 from memory_agent import FAKE_PYTHON
 
 from acp_bridge.supervision.agent_process import AgentProcess, AgentStartError
-from acp_bridge.supervision.agent_watchdog import MARK_VARIABLE, Watchdog
+from acp_bridge.supervision.agent_watchdog import MARK_VARIABLE, RUN, Watchdog
 
 # The target of spec §3: an agent that honours SIGTERM is gone, and the bridge has exited,
 # within 1 s of the client's EOF or signal.
@@ -47,7 +47,7 @@ def watchdogs_of(parent: int) -> list[int]:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        watchdog = any(a.endswith(b"agent_watchdog.py") for a in argv)
+        watchdog = os.fsencode(RUN) in argv
         if watchdog and ppid == parent and pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found

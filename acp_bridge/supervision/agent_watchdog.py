@@ -47,17 +47,26 @@ grandchildren behind ``npx`` or a shell, and it fires when the *thread* that for
 child exits, which under trio is a worker thread that retires after 10 s of idleness.
 
 Standard library only, for both ends: :mod:`acp_bridge.commands.launch` starts a watchdog before
-anything heavy is imported, and the script (``python -I -S agent_watchdog.py GRACE
-BRIDGE``, the pipe as stdin) starts in milliseconds without the bridge's packages.
+anything heavy is imported, and the watchdog (``python -I -S -c RUN GRACE BRIDGE``, the
+pipe as stdin, :data:`RUN` importing this module from the folder that holds the bridge)
+starts in milliseconds without the bridge's packages. It runs this module from its cached
+bytecode (as a script it was compiled from source at every start) and imports neither
+``signal`` nor ``contextlib`` (``enum`` and ``functools`` with them): those were about
+half of its start-up, which runs beside the agent's.
 """
+
+# The watchdog imports no contextlib (the module docstring says why): try and except do
+# what contextlib.suppress would.
+# ruff: noqa: SIM105
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import time
+
+# The numbers ``signal`` names, without the ``enum`` it builds to name them.
+from _signal import SIGCONT, SIGKILL, SIGTERM  # type: ignore[import-not-found]
 
 # Read by type checkers only: ``typing`` (with ``re``) would be most of what the watchdog
 # script imports while the agent starts beside it, and comes before the agent's spawn.
@@ -65,7 +74,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     import weakref
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import ClassVar, Final
 
 POLL: Final = 0.02
@@ -83,7 +92,13 @@ FIND_MARKED: Final = 3.0
 _MEMORY_FIELDS: Final = (23, 24, 25, 44, 45, 46, 47, 48)
 # The environment entry that marks an agent (see ``M`` above).
 MARK_VARIABLE: Final = "ACP_BRIDGE_WATCHDOG"
-_SCRIPT: Final = os.path.abspath(__file__)
+# The folder that holds the bridge's package, and the watchdog's program: this module's
+# ``main``, imported from there.
+_ROOT: Final = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN: Final = (
+    f"import sys; sys.path[:0] = [{_ROOT!r}]; "
+    "from acp_bridge.supervision.agent_watchdog import main; sys.exit(main(sys.argv))"
+)
 _END: Final = b"\0"
 GROUP: Final = b"G"
 MARKED: Final = b"M"
@@ -119,7 +134,7 @@ class Watchdog:
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
             process = subprocess.Popen(
-                [sys.executable, "-I", "-S", _SCRIPT, str(grace), _bridge()],
+                [sys.executable, "-I", "-S", "-c", RUN, str(grace), _bridge()],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 # Its own session: a signal to the bridge's process group must not take
@@ -154,8 +169,10 @@ class Watchdog:
         # One write of at most PIPE_BUF bytes is atomic; the watchdog reads at once, so
         # a write never waits. A watchdog that died leaves nothing to tell.
         if self._pipe is not None:
-            with contextlib.suppress(OSError):
+            try:
                 os.write(self._pipe, record + _END)
+            except OSError:
+                pass
 
     def own(self, path: str) -> None:
         """Remove ``path`` (a file or a folder) should the bridge die."""
@@ -175,8 +192,10 @@ class Watchdog:
     def discard(self) -> None:
         """End a watchdog that has nothing to watch (the agent could not start) at once."""
         self.abandon()
-        with contextlib.suppress(OSError):
+        try:
             self.process.kill()
+        except OSError:
+            pass
         self.process.wait()
 
     def abandon(self) -> None:
@@ -191,8 +210,10 @@ class Watchdog:
     def __del__(self) -> None:
         pipe = getattr(self, "_pipe", None)
         if pipe is not None:
-            with contextlib.suppress(OSError):
+            try:
                 os.close(pipe)
+            except OSError:
+                pass
             _ending.append(self.process)
 
 
@@ -217,8 +238,10 @@ def finish(timeout: float = GRACE + 1.0) -> None:
         watchdog.abandon()
     deadline = time.monotonic() + timeout
     for process in _ending:
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
     _reap_ended()
 
 
@@ -278,8 +301,7 @@ def _with_their_groups(processes: Processes) -> Processes:
 def signal_processes(processes: Processes, signum: int) -> None:
     for pid, started in _with_their_groups(processes).items():
         if _same(pid, started):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+            _signal_quietly(os.kill, pid, signum)
 
 
 def any_running(processes: Processes) -> bool:
@@ -296,21 +318,26 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _signal_quietly(send: Callable[[int, int], None], target: int, signum: int) -> None:
+    """``os.kill`` or ``os.killpg`` to what may be gone already, or no longer ours."""
+    try:
+        send(target, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def end_group(pgid: int, grace: float) -> None:
     escaped = outside_group(pgid, pgid)  # the leader's pid is the group's id
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    signal_processes(escaped, signal.SIGTERM)
+    _signal_quietly(os.killpg, pgid, SIGTERM)
+    signal_processes(escaped, SIGTERM)
     # A stopped process acts on the SIGTERM only once continued.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGCONT)
-    signal_processes(escaped, signal.SIGCONT)
+    _signal_quietly(os.killpg, pgid, SIGCONT)
+    signal_processes(escaped, SIGCONT)
     deadline = time.monotonic() + grace
     while (group_alive(pgid) or any_running(escaped)) and time.monotonic() < deadline:
         time.sleep(POLL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    signal_processes(escaped, signal.SIGKILL)
+    _signal_quietly(os.killpg, pgid, SIGKILL)
+    signal_processes(escaped, SIGKILL)
 
 
 def _stat(pid: int | str) -> list[bytes] | None:
@@ -417,8 +444,10 @@ def _remove(path: bytes) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     else:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(path)
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> int:
