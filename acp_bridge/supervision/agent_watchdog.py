@@ -93,10 +93,11 @@ _MEMORY_FIELDS: Final = (23, 24, 25, 44, 45, 46, 47, 48)
 # The environment entry that marks an agent (see ``M`` above).
 MARK_VARIABLE: Final = "ACP_BRIDGE_WATCHDOG"
 # The folder that holds the bridge's package, and the watchdog's program: this module's
-# ``main``, imported from there.
+# ``main``, imported from there (after the standard library: nothing else in that folder,
+# a site-packages, say, stands in for a module the watchdog imports).
 _ROOT: Final = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN: Final = (
-    f"import sys; sys.path[:0] = [{_ROOT!r}]; "
+    f"import sys; sys.path.append({_ROOT!r}); "
     "from acp_bridge.supervision.agent_watchdog import main; sys.exit(main(sys.argv))"
 )
 _END: Final = b"\0"
