@@ -25,7 +25,13 @@ if TYPE_CHECKING:  # typing is not imported on the way to the agent's start
 
 def main() -> None:
     """The ``acp-bridge`` command."""
-    args = sys.argv[1:]
+    try:
+        _command(sys.argv[1:])
+    except SystemExit as end:  # every command ends so (click's standalone mode), and so
+        exit_now(end.code)  # does a signal while the early exchange waits for the agent
+
+
+def _command(args: list[str]) -> None:
     # Start-up builds what lives as long as the process (modules, classes, the
     # configuration): the collector frees next to nothing meanwhile, yet walked the growing
     # heap for some 25 ms of CPU. An agent started here means the run command, which turns
@@ -38,16 +44,13 @@ def main() -> None:
     except KeyboardInterrupt:
         # Ctrl-C while waiting for the agent: as the run command ends on it before it
         # listens for signals (the agent is stopped on the way out).
-        exit_now(128 + signal.SIGINT)
+        sys.exit(128 + signal.SIGINT)
     if not started:
         gc.enable()
     from acp_bridge.commands.cli import main as cli_main
 
-    try:
-        # The name the user typed, also when started as ``python -m acp_bridge``.
-        cli_main(prog_name="acp-bridge")
-    except SystemExit as end:  # every command ends so (click's standalone mode)
-        exit_now(end.code)
+    # The name the user typed, also when started as ``python -m acp_bridge``.
+    cli_main(prog_name="acp-bridge")
 
 
 def exit_now(code: object) -> NoReturn:
@@ -59,12 +62,12 @@ def exit_now(code: object) -> NoReturn:
     :mod:`atexit` run (logging's flush, the finalizers of temporary files), stdout and
     stderr are flushed, and a code that is not a number is printed, status 1. What it did
     by chance is done on purpose: the watchdogs the process started are waited for
-    (:func:`~acp_bridge.supervision.agent_watchdog.finish`). The teardown
-    left out only frees what the kernel frees anyway: it walked every module and object the
-    command had loaded, about 50 ms of CPU at the end of each bridge run (a fifth of the
-    run's CPU; bench/README.md, "tenth run"), and in a process forked from one that had
-    loaded them it also copied each page it touched. An exception other than
-    ``SystemExit`` still ends the process the usual way, with its traceback.
+    (:func:`~acp_bridge.supervision.agent_watchdog.finish`). The teardown left out only
+    frees what the kernel frees anyway: it walked every module and object the command had
+    loaded, about 50 ms of CPU at the end of each bridge run (a fifth of the run's CPU;
+    bench/README.md, "tenth run"), and in a process forked from one that had loaded them
+    it also copied each page it touched. An exception other than ``SystemExit`` still
+    ends the process the usual way, with its traceback.
     """
     status = 0
     if isinstance(code, int):

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 import trio
+from agent_processes import live_processes
 from conftest import FAKE_AGENT, PRIVATE_ENV, pid_alive
 from memory_agent import FAKE_PYTHON
 from threaded_agent import AgentFunction, Pipe, ThreadedAgent, scripted
@@ -603,10 +604,13 @@ def test_sigterm_while_waiting_for_the_agent_leaves_nothing_behind(
     script = (
         f"import os, sys\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n" + NEVER_ANSWERS
     )
+    # Marks every process of the run (the agent, its watchdog) by their environment.
+    marker = ("ACP_BRIDGE_TEST_RUN", os.urandom(8).hex())
     process = subprocess.Popen(
         [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--",
          sys.executable, "-c", script],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=bridge_env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={**bridge_env, marker[0]: marker[1]},
     )  # fmt: skip
     try:
         assert process.stdin is not None
@@ -618,6 +622,8 @@ def test_sigterm_while_waiting_for_the_agent_leaves_nothing_behind(
         time.sleep(0.3)  # the bridge now waits for the answer
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 128 + signal.SIGTERM
+        # Right at the bridge's end, nothing it started is left: the agent, nor its watchdog.
+        assert live_processes("=".join(marker)) == []
     finally:
         if process.poll() is None:
             process.kill()
