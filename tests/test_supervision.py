@@ -36,9 +36,9 @@ async def ready(bridge: RunningBridge) -> None:
 
 
 def watchdogs_of(parent: int) -> list[int]:
-    """Processes running the watchdog script started by ``parent`` (the group a watchdog
+    """Processes running the watchdog started by ``parent`` (the group a watchdog
     watches is told to it over its pipe, not on its command line)."""
-    found = []
+    found, program = [], os.fsencode(RUN)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -47,7 +47,7 @@ def watchdogs_of(parent: int) -> list[int]:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        watchdog = os.fsencode(RUN) in argv
+        watchdog = program in argv
         if watchdog and ppid == parent and pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
