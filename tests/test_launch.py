@@ -146,6 +146,7 @@ import os, subprocess
 from acp_bridge.__main__ import exit_now
 from acp_bridge.supervision.agent_watchdog import Watchdog
 released, held = Watchdog.start(), Watchdog.start()
+Watchdog.prepare()  # one started ahead, that no start took
 agent = subprocess.Popen(
     ["sleep", "30"], env=held.mark(os.environ), start_new_session=True
 )

@@ -21,10 +21,14 @@ from memory_agent import FAKE_PYTHON
 
 from acp_bridge.adapter import AgentLink
 from acp_bridge.pool import PoolAdapter
+from acp_bridge.runtime.agents import WATCHDOG_AHEAD_AFTER
 from acp_bridge.runtime.client import AcpClient
 from acp_bridge.runtime.embedded import open_embedded_bridge
 from acp_bridge.runtime.relay import AgentConnection, Bridge, BridgeOptions
 from acp_bridge.state.store import SessionStore
+from acp_bridge.supervision import agent_watchdog
+from acp_bridge.supervision.agent_process import AgentProcess
+from acp_bridge.supervision.agent_watchdog import Watchdog
 
 FAKE_CODEX = Path(__file__).with_name("fake_codex.py")
 CYCLES = 12
@@ -128,3 +132,37 @@ async def test_new_prompts_keep_working_at_a_low_descriptor_limit(tmp_path: Path
                     await a_process_dies(client, bridge, tmp_path, n)
                 session_id = await new_session(client, tmp_path, "after 40 deaths")
                 assert holder(bridge, session_id).process.returncode is None
+
+
+def watchdog_of(link: AgentConnection) -> Watchdog | None:
+    assert isinstance(link.process, AgentProcess)
+    return link.process._watchdog
+
+
+async def ready_watchdog(seconds: float) -> Watchdog | None:
+    """The watchdog started ahead for the next process, once there is one (or None)."""
+    with trio.move_on_after(seconds):
+        while not agent_watchdog._ready:
+            await trio.sleep(0.02)
+        ((owner, watchdog),) = agent_watchdog._ready.values()
+        assert owner == os.getpid()
+        return watchdog
+    return None
+
+
+async def test_the_next_pooled_process_takes_a_watchdog_started_ahead(tmp_path: Path) -> None:
+    # Each pooled process has a watchdog of its own, a process whose start-up runs beside
+    # the agent's: the next one's is started after the call that started a process.
+    agent_watchdog.Watchdog.cancel_prepared()  # none left by another test
+    with trio.fail_after(TIMEOUT):
+        async with pooled_bridge(tmp_path) as (client, bridge):
+            # The primary alone (a bridge in front of one process) starts none ahead.
+            assert await ready_watchdog(WATCHDOG_AHEAD_AFTER + 0.5) is None
+            first = holder(bridge, await new_session(client, tmp_path, "prompt 1"))
+            ahead = await ready_watchdog(WATCHDOG_AHEAD_AFTER + 5)
+            assert ahead is not None and ahead is not watchdog_of(first)
+            second = holder(bridge, await new_session(client, tmp_path, "prompt 2"))
+            assert watchdog_of(second) is ahead
+            assert await ready_watchdog(WATCHDOG_AHEAD_AFTER + 5) is not None
+    # The connection's end ends the one started ahead, which no process took.
+    assert not agent_watchdog._ready

@@ -179,6 +179,50 @@ async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Pat
     assert not prompt_file.exists()
 
 
+AHEAD_HOLDER = """
+import sys, trio
+from acp_bridge.supervision.agent_process import AgentProcess, prepare_watchdog
+from acp_bridge.supervision.agent_watchdog import _ready
+
+async def main():
+    prepare_watchdog()
+    ((_, ahead),) = _ready.values()
+    await trio.sleep(0.5)  # started and idle, as between two new prompts
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    agent = await AgentProcess.start([sys.executable, "-c", code], private_files=[sys.argv[1]])
+    assert agent._watchdog is ahead and not _ready
+    print(agent.pid, ahead.process.pid, flush=True)
+    await trio.sleep(600)
+
+trio.run(main)
+"""
+
+
+async def test_a_watchdog_started_ahead_ends_the_agent_it_takes_when_the_bridge_dies(
+    tmp_path: Path,
+) -> None:
+    prompt_file = tmp_path / "prompt.md"
+    prompt_file.write_text("private")
+    with trio.fail_after(30):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", AHEAD_HOLDER, str(prompt_file)], stdout=subprocess.PIPE
+        )
+        assert holder.stdout is not None
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = await holder.stdout.receive_some(100)
+            assert chunk, "the holder ended before it started its agent"
+            line += chunk
+        agent, watchdog = map(int, line.split())
+        holder.kill()
+        await holder.wait()
+        assert await survivors_after([agent, watchdog], NO_SURVIVOR_AFTER) == []
+        deadline = trio.current_time() + 1
+        while prompt_file.exists() and trio.current_time() < deadline:
+            await trio.sleep(0.02)
+    assert not prompt_file.exists()
+
+
 async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
     with trio.fail_after(30):
         before = set(watchdogs_of(os.getpid()))

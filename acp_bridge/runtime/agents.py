@@ -3,7 +3,10 @@
 :class:`Agents` owns the processes: starting them through an injectable *spawner* (by
 default :meth:`AgentProcess.start`, so tests can run coroutine agents over memory streams),
 replaying the client's ``initialize`` and ``authenticate`` to each process started after
-the first, stopping one, and stopping all of them in order at shutdown. Reading what a
+the first, stopping one, and stopping all of them in order at shutdown. A connection that
+has started a process after the first (a pool's) keeps the next one's watchdog started
+ahead of it (:data:`WATCHDOG_AHEAD_AFTER`), so that a new prompt's process does not wait
+for one, and ends it with the connection. Reading what a
 process writes is :mod:`acp_bridge.runtime.pumps`' job and writing to it
 :mod:`acp_bridge.runtime.connection`'s; the relay hands each started process to
 :class:`Agents` as a link. An adapter reaches them through
@@ -13,14 +16,24 @@ process writes is :mod:`acp_bridge.runtime.pumps`' job and writing to it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import trio
 
 from acp_bridge.adapter import AgentError, AgentExited
 from acp_bridge.core.router import PRIMARY
-from acp_bridge.supervision.agent_process import AgentProcess
+from acp_bridge.supervision.agent_process import (
+    AgentProcess,
+    cancel_prepared_watchdog,
+    prepare_watchdog,
+)
 from acp_bridge.wire.jsonrpc import JsonObject
+
+# How long after a process started after the first the next one's watchdog is started
+# ahead of it (:meth:`Agents.spawn`): after the call that started the process, as a rule
+# (codex-acp 0.16 answers the session/new that started it within about 0.1 s), so that
+# the watchdog's start-up does not run beside that process's own.
+WATCHDOG_AHEAD_AFTER: Final = 0.3
 
 
 class AgentHandle(Protocol):
@@ -101,6 +114,8 @@ class Agents(Generic[L]):
         self.processes: list[AgentHandle] = []
         self.primary_process: AgentHandle | None = None
         self.stopping = False
+        # Whether a watchdog was started ahead for this connection's next process.
+        self._ahead = False
 
     @property
     def primary(self) -> L:
@@ -129,6 +144,10 @@ class Agents(Generic[L]):
         env = {**self.env, **(extra_env or {})}
         process = await self.spawner(argv, env, private_files)
         self.processes.append(process)
+        if isinstance(process, AgentProcess):
+            # A process after the first: more may follow (a pool's), each with a watchdog
+            # of its own, whose start-up is better done before the next one is asked for.
+            trio.lowlevel.spawn_system_task(self._watchdog_ahead)
         link = self._attach(process)
         try:
             for method, params in self._replayed():
@@ -140,6 +159,14 @@ class Agents(Generic[L]):
             await self.stop(link)
             raise
         return link
+
+    async def _watchdog_ahead(self) -> None:
+        """The next process's watchdog, started :data:`WATCHDOG_AHEAD_AFTER` seconds after
+        a process; the connection's end ends it (:meth:`stop_all`)."""
+        await trio.sleep(WATCHDOG_AHEAD_AFTER)
+        if not self.stopping:
+            self._ahead = True
+            prepare_watchdog()
 
     async def stop(self, link: L) -> None:
         await link.process.stop(self.grace)
@@ -156,6 +183,8 @@ class Agents(Generic[L]):
         """Stop every process (stdin EOF, grace, SIGTERM, grace, SIGKILL), those started
         while others were stopping in a next round."""
         self.stopping = True
+        if self._ahead:
+            cancel_prepared_watchdog()
         stopped: set[int] = set()
         while pending := [p for p in self.processes if id(p) not in stopped]:
             stopped.update(id(p) for p in pending)

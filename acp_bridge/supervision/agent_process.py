@@ -50,6 +50,21 @@ EOF_WAIT: Final = 0.4
 WATCHDOG_GRACE: Final = GRACE
 
 
+def prepare_watchdog() -> None:
+    """Start the next agent's watchdog now (:meth:`Watchdog.prepare`): for a connection
+    that starts agent after agent (a pool's), whose next agent then starts without
+    waiting for a watchdog's start-up."""
+    try:
+        Watchdog.prepare(WATCHDOG_GRACE)
+    except OSError as exc:  # the next start starts its own, or says why it cannot
+        log.debug("no watchdog started ahead: %s", exc)
+
+
+def cancel_prepared_watchdog() -> None:
+    """End the watchdog :func:`prepare_watchdog` started, if no agent's start took it."""
+    Watchdog.cancel_prepared(WATCHDOG_GRACE)
+
+
 class AgentStartError(Exception):
     """The agent command could not be started: ``command`` (argv[0]) and ``cause`` in words."""
 

@@ -35,6 +35,12 @@ so none of them, and nothing one of them ends, outlives the bridge's process.
 The same process without a group keeps a pool's private folders (``acp_bridge.pool``):
 they are named to it as soon as they exist, before any prompt text is written to them.
 
+A process that starts agent after agent (a pool's connection) may start the next agent's
+watchdog ahead of it (:meth:`Watchdog.prepare`), so that its start-up, about 20 ms of CPU,
+does not run beside that agent's; :meth:`Watchdog.start` takes it while it runs. Until then
+it names nothing: at the end of its pipe it exits at once, as any watchdog with nothing to
+end. It is the started process's own (a fork does not take it).
+
 Descendants that left the group (a child that called ``setsid``, as codex-acp's shell
 snapshot does) are found by walking the process tree down from the group's leader while
 it still stands, and are signalled with the group, together with whatever has joined a
@@ -127,7 +133,52 @@ class Watchdog:
 
     @classmethod
     def start(cls, grace: float = GRACE) -> Watchdog:
-        """Start a watchdog that names nothing yet. Raises OSError if it cannot start."""
+        """A watchdog that names nothing yet: the one :meth:`prepare` started, while it
+        runs, else a new one. Raises OSError if it cannot start."""
+        ready = _ready.pop(grace, None)
+        if ready is not None:
+            owner, watchdog = ready
+            if owner == os.getpid() and watchdog.process.poll() is None:
+                return watchdog
+            watchdog._drop_ready(owner)
+        return cls._spawn(grace)
+
+    @classmethod
+    def prepare(cls, grace: float = GRACE) -> None:
+        """Start the next :meth:`start`'s watchdog now, unless one is ready: a process that
+        starts agent after agent (a pool's) then starts each without a watchdog's start-up
+        running beside the agent's. Idle, it names nothing: at the bridge's end, or its
+        death, it exits at once. Raises OSError if it cannot start."""
+        ready = _ready.get(grace)
+        if ready is not None:
+            owner, watchdog = ready
+            if owner == os.getpid() and watchdog.process.poll() is None:
+                return
+            watchdog._drop_ready(owner)
+        _ready[grace] = (os.getpid(), cls._spawn(grace))
+
+    @classmethod
+    def cancel_prepared(cls, grace: float = GRACE) -> None:
+        """End the watchdog :meth:`prepare` started, if no start has taken it."""
+        ready = _ready.pop(grace, None)
+        if ready is not None:
+            ready[1]._drop_ready(ready[0])
+
+    def _drop_ready(self, owner: int) -> None:
+        """A ready watchdog that cannot be used: it exited, or this process is a fork of
+        its owner (whose end of the pipe stays open; this copy is closed)."""
+        if owner == os.getpid():
+            self.abandon()
+            return
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            try:
+                os.close(pipe)
+            except OSError:
+                pass
+
+    @classmethod
+    def _spawn(cls, grace: float) -> Watchdog:
         import subprocess
         import weakref
 
@@ -221,6 +272,9 @@ class Watchdog:
 # Watchdogs told to exit, or whose pipe was closed, and not reaped yet: each start or
 # release reaps those that have exited, so a long-running server does not collect zombies.
 _ending: list[subprocess.Popen[bytes]] = []
+# The watchdog :meth:`Watchdog.prepare` started for the next start, by grace, with the pid
+# of the process that started it.
+_ready: dict[float, tuple[int, Watchdog]] = {}
 
 
 def _reap_ended() -> None:
@@ -235,6 +289,7 @@ def finish(timeout: float = GRACE + 1.0) -> None:
     (the bridge's end: :func:`acp_bridge.__main__.exit_now`)."""
     import subprocess
 
+    _ready.clear()  # held too: abandoned below, and they exit at once
     for watchdog in list(Watchdog.held or ()):
         watchdog.abandon()
     deadline = time.monotonic() + timeout
