@@ -157,26 +157,33 @@ trio.run(main)
 """
 
 
-async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Path) -> None:
-    prompt_file = tmp_path / "prompt.md"
+async def killed_holder_leaves_nothing(holder_script: str, prompt_file: Path) -> None:
+    """Run ``holder_script`` (a bridge that starts an agent with ``prompt_file`` as its
+    private file, and prints the pids that must end with it), SIGKILL it: within
+    :data:`NO_SURVIVOR_AFTER` none of those pids runs, and the file is gone."""
     prompt_file.write_text("private")
     prompt_file.chmod(0o600)
     with trio.fail_after(30):
         holder = await trio.lowlevel.open_process(
-            [sys.executable, "-c", HOLDER, str(prompt_file)], stdout=subprocess.PIPE
+            [sys.executable, "-c", holder_script, str(prompt_file)], stdout=subprocess.PIPE
         )
         assert holder.stdout is not None
         line = b""
         while not line.endswith(b"\n"):
-            line += await holder.stdout.receive_some(100)
-        agent = int(line)
+            chunk = await holder.stdout.receive_some(100)
+            assert chunk, "the holder ended before it started its agent"
+            line += chunk
         holder.kill()
         await holder.wait()
-        assert await survivors_after([agent], NO_SURVIVOR_AFTER) == []
+        assert await survivors_after([int(pid) for pid in line.split()], NO_SURVIVOR_AFTER) == []
         deadline = trio.current_time() + 1
         while prompt_file.exists() and trio.current_time() < deadline:
             await trio.sleep(0.02)
     assert not prompt_file.exists()
+
+
+async def test_watchdog_removes_private_files_when_the_bridge_dies(tmp_path: Path) -> None:
+    await killed_holder_leaves_nothing(HOLDER, tmp_path / "prompt.md")
 
 
 AHEAD_HOLDER = """
@@ -201,26 +208,8 @@ trio.run(main)
 async def test_a_watchdog_started_ahead_ends_the_agent_it_takes_when_the_bridge_dies(
     tmp_path: Path,
 ) -> None:
-    prompt_file = tmp_path / "prompt.md"
-    prompt_file.write_text("private")
-    with trio.fail_after(30):
-        holder = await trio.lowlevel.open_process(
-            [sys.executable, "-c", AHEAD_HOLDER, str(prompt_file)], stdout=subprocess.PIPE
-        )
-        assert holder.stdout is not None
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = await holder.stdout.receive_some(100)
-            assert chunk, "the holder ended before it started its agent"
-            line += chunk
-        agent, watchdog = map(int, line.split())
-        holder.kill()
-        await holder.wait()
-        assert await survivors_after([agent, watchdog], NO_SURVIVOR_AFTER) == []
-        deadline = trio.current_time() + 1
-        while prompt_file.exists() and trio.current_time() < deadline:
-            await trio.sleep(0.02)
-    assert not prompt_file.exists()
+    # The agent and the watchdog that was started ahead and took it.
+    await killed_holder_leaves_nothing(AHEAD_HOLDER, tmp_path / "prompt.md")
 
 
 async def test_stop_releases_and_reaps_the_watchdog(tmp_path: Path) -> None:
