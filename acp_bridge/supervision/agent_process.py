@@ -56,7 +56,9 @@ def prepare_watchdog() -> None:
     waiting for a watchdog's start-up."""
     try:
         Watchdog.prepare(WATCHDOG_GRACE)
-    except OSError as exc:  # the next start starts its own, or says why it cannot
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        # It runs in a task of its own, whose failure would end the bridge: the next
+        # start starts its own watchdog instead, or says why it cannot.
         log.debug("no watchdog started ahead: %s", exc)
 
 
