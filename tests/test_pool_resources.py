@@ -153,7 +153,7 @@ async def ready_watchdog(seconds: float) -> Watchdog | None:
 async def test_the_next_pooled_process_takes_a_watchdog_started_ahead(tmp_path: Path) -> None:
     # Each pooled process has a watchdog of its own, a process whose start-up runs beside
     # the agent's: the next one's is started after the call that started a process.
-    agent_watchdog.Watchdog.cancel_prepared()  # none left by another test
+    Watchdog.cancel_prepared()  # none left by another test
     with trio.fail_after(TIMEOUT):
         async with pooled_bridge(tmp_path) as (client, bridge):
             # The primary alone (a bridge in front of one process) starts none ahead.

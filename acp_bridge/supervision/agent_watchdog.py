@@ -135,13 +135,7 @@ class Watchdog:
     def start(cls, grace: float = GRACE) -> Watchdog:
         """A watchdog that names nothing yet: the one :meth:`prepare` started, while it
         runs, else a new one. Raises OSError if it cannot start."""
-        ready = _ready.pop(grace, None)
-        if ready is not None:
-            owner, watchdog = ready
-            if owner == os.getpid() and watchdog.process.poll() is None:
-                return watchdog
-            watchdog._drop_ready(owner)
-        return cls._spawn(grace)
+        return _take_ready(grace) or cls._spawn(grace)
 
     @classmethod
     def prepare(cls, grace: float = GRACE) -> None:
@@ -149,13 +143,7 @@ class Watchdog:
         starts agent after agent (a pool's) then starts each without a watchdog's start-up
         running beside the agent's. Idle, it names nothing: at the bridge's end, or its
         death, it exits at once. Raises OSError if it cannot start."""
-        ready = _ready.get(grace)
-        if ready is not None:
-            owner, watchdog = ready
-            if owner == os.getpid() and watchdog.process.poll() is None:
-                return
-            watchdog._drop_ready(owner)
-        _ready[grace] = (os.getpid(), cls._spawn(grace))
+        _ready[grace] = (os.getpid(), _take_ready(grace) or cls._spawn(grace))
 
     @classmethod
     def cancel_prepared(cls, grace: float = GRACE) -> None:
@@ -275,6 +263,19 @@ _ending: list[subprocess.Popen[bytes]] = []
 # The watchdog :meth:`Watchdog.prepare` started for the next start, by grace, with the pid
 # of the process that started it.
 _ready: dict[float, tuple[int, Watchdog]] = {}
+
+
+def _take_ready(grace: float) -> Watchdog | None:
+    """The watchdog :meth:`Watchdog.prepare` started for ``grace``, taken out, if this
+    process started it and it runs; one that cannot be used is dropped."""
+    ready = _ready.pop(grace, None)
+    if ready is None:
+        return None
+    owner, watchdog = ready
+    if owner == os.getpid() and watchdog.process.poll() is None:
+        return watchdog
+    watchdog._drop_ready(owner)
+    return None
 
 
 def _reap_ended() -> None:
