@@ -66,7 +66,7 @@ SOCKET: Final = "preloaded.sock"  # the server's address, in a folder of its own
 
 def preload() -> None:
     """Import what a run of the bridge imports, with the collector off as the entry point
-    has it while it loads."""
+    has it while it loads, and freeze it."""
     gc.disable()
     import acp_bridge.commands.cli
     import acp_bridge.runtime.relay
@@ -74,6 +74,12 @@ def preload() -> None:
 
     acp_bridge.settings.load_config()  # yaml's and pydantic's lazily built parts
     gc.collect()
+    # What is loaded lives as long as every fork: frozen, no fork's collector walks it (a
+    # walk writes to every object, so each fork would copy the pages of the whole heap).
+    # The bridge freezes them itself once its relay is loaded (cli.run_stdio); until then,
+    # and in the commands that never get there (verify, sessions), a fork's collections
+    # walked them.
+    gc.freeze()
     gc.enable()
 
 
