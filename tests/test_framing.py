@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from fuzz_size import inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from peak_memory import peak_while
@@ -15,6 +16,7 @@ from acp_bridge.wire.framing import (
     Item,
     Line,
     LineSplitter,
+    LongLineStart,
     OverlongLine,
     join_lines,
 )
@@ -203,3 +205,43 @@ def test_any_chunking_gives_the_lines_of_the_whole_stream(
     assert got == expected_lines(stream, limit)
     assert all(type(item.data) is bytes for item in got if isinstance(item, Line))
     assert splitter.buffered == 0
+
+
+class GatheredFirst(LineSplitter):
+    """The splitter as it was before a long line's first read was offered as it came: every
+    start is kept in the buffer and offered from it."""
+
+    def _starts_long_line(self, data: bytes | bytearray) -> bool:
+        return False
+
+
+@settings(max_examples=inputs(400), deadline=None)
+@given(
+    stream=st.lists(
+        st.sampled_from([b"a", b"x" * 7, b"y" * 40, b"\r", b"\n", b"\r\n", b"z" * 90])
+    ).map(b"".join),
+    sizes=st.tuples(st.sampled_from([8, 30, 64, 200]), st.sampled_from([1, 4, 16, 30, 64])),
+    cuts=st.lists(st.integers(0, 400), max_size=10),
+    holds=st.lists(st.booleans(), max_size=10),
+    as_bytearray=st.booleans(),
+)
+def test_a_long_lines_first_read_is_offered_as_gathering_it_first_would(
+    stream: bytes, sizes: tuple[int, int], cuts: list[int], holds: list[bool], as_bytearray: bool
+) -> None:
+    """Item for item, with the reader holding some starts and passing the others on (the
+    line limit and ``stream_after`` in ``sizes``)."""
+    limit, stream_after = sizes
+    bounds = sorted({0, len(stream), *(c for c in cuts if c <= len(stream))})
+    reads = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    offered, gathered = LineSplitter(limit, stream_after), GatheredFirst(limit, stream_after)
+    decisions = iter(holds)
+    for data in reads:
+        items = offered.feed(bytearray(data) if as_bytearray else data)
+        assert items == gathered.feed(data)
+        for item in items:
+            if isinstance(item, LongLineStart) and next(decisions, False):
+                offered.hold(item.data)
+                gathered.hold(item.data)
+        assert all(type(getattr(item, "data", b"")) is bytes for item in items)
+    assert offered.close() == gathered.close()
+    assert offered.buffered == gathered.buffered == 0

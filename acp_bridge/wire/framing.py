@@ -100,6 +100,12 @@ class LineSplitter:
             return self._feed_passing(data)
         if self._buffer or self._discarding:
             return self._offer(self._feed_after_partial(data))
+        if self._starts_long_line(data):
+            # A long line's first read, all of it the line's start: offered as it came, not
+            # split, kept and copied out again (three copies of a read, for nothing).
+            self._passing = True
+            self._passed = len(data)
+            return [LongLineStart(self._hold_back_cr(bytes(data)))]
         # Nothing held from an earlier read, the usual case on a busy stream: split the
         # whole read at once (one C call) instead of searching line by line.
         lines = bytes(data).split(b"\n")
@@ -129,6 +135,16 @@ class LineSplitter:
             data = self._hold_back_cr(data)
             out.append(LongLineStart(data))
         return out
+
+    def _starts_long_line(self, data: bytes | bytearray) -> bool:
+        """Whether ``data``, with nothing held before it (a held line is in the buffer), is
+        only the start of a line :meth:`_offer` would offer: at least ``stream_after``
+        bytes, within the limit (with its spare byte), no newline."""
+        return (
+            self.stream_after is not None
+            and self.stream_after <= len(data) <= self.limit + 1
+            and data.find(b"\n") < 0
+        )
 
     def hold(self, start: bytes) -> None:
         """Gather the line offered by the last :class:`LongLineStart` whole after all."""
