@@ -78,6 +78,11 @@ class Replayed(trio.abc.ReceiveStream):
         # when the exchange ended, so it follows all of it.
         self.gates = tuple(gate for _, gates in chunks for gate in gates)
 
+    @property
+    def replayed(self) -> bool:
+        """Whether everything was replayed: from then on it reads ``inner`` as it is."""
+        return not self.chunks and not self.gates
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self.chunks:
             data, gates = self.chunks[0]

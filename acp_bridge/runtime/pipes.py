@@ -11,6 +11,8 @@ intercepted request and its answer took eight task steps, four of them these.
   the schedule point); when there were bytes to read, it still yields to the scheduler
   after the read, so a peer that writes without pause cannot keep the other tasks from
   running. A cancelled read raises before it reads, as trio's does: no bytes are lost.
+* :func:`read_now` is that first read alone, for a reader that waits its own way when the
+  pipe is empty (an agent pump waits under a deadline only then).
 * :func:`send_all` writes first; what the pipe does not take at once goes through the
   stream's own ``send_all``, which waits until it can. A write that completes at once is
   no schedule point: the callers (the outboxes) wait on something else after writing.
@@ -60,6 +62,21 @@ async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes 
             continue  # woken without data after all: wait again
         except OSError as exc:
             raise _failure(exc) from exc
+
+
+def read_now(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | None:
+    """What a ``FdStream``'s pipe holds now (``b""`` at its end), read with no wait and no
+    schedule point; None when it holds nothing yet, or ``stream`` is not a pipe. The caller
+    checks for a cancellation before it and passes a schedule point after it, as
+    :func:`receive_some` does, or waits with :func:`receive_some` on None."""
+    if not isinstance(stream, trio.lowlevel.FdStream):
+        return None
+    try:
+        return os.read(stream.fileno(), max_bytes)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise _failure(exc) from exc
 
 
 async def send_all(stream: trio.abc.SendStream, data: bytes | bytearray | memoryview) -> None:

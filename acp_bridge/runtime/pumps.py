@@ -30,6 +30,7 @@ from acp_bridge.core.router import CLIENT, PRIMARY
 from acp_bridge.runtime import pipes
 from acp_bridge.runtime.agents import Agents
 from acp_bridge.runtime.connection import WRITE_FAILED, AgentConnection, Connection, Outbox
+from acp_bridge.runtime.handover import Replayed
 from acp_bridge.runtime.shutdown import Shutdown, exit_status
 from acp_bridge.runtime.trace import Tracer
 from acp_bridge.wire import jsonrpc
@@ -339,18 +340,9 @@ class Pumps:
         from_agent = functools.partial(self._from_agent, link)
         agent_frame = functools.partial(self._agent_frame, link)
         while True:
-            data: bytes | bytearray = b""
-            # Only the read is cancelled, never a frame half-written to the client.
-            with trio.CancelScope() as scope:
-                if exited.is_set():
-                    scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
-                else:
-                    read_scope[:] = [scope]
-                try:
-                    data = await pipes.receive_some(stream, READ_CHUNK)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-            read_scope.clear()
+            if isinstance(stream, Replayed) and stream.replayed:
+                stream = stream.inner  # the early exchange is behind: the pipe itself
+            data = await self._read_agent_output(stream, exited, read_scope)
             for item in self._lines(
                 splitter,
                 data,
@@ -368,6 +360,34 @@ class Pumps:
             await self.connection.flush_client()
             if not data:
                 break
+
+    @staticmethod
+    async def _read_agent_output(
+        stream: trio.abc.ReceiveStream, exited: trio.Event, read_scope: list[trio.CancelScope]
+    ) -> bytes | bytearray:
+        """The agent's next output; b"" at its end, or once it has exited and its output
+        stays silent for :data:`AGENT_EXIT_DRAIN`. Only the wait is cancelled, never a
+        frame half-written to the client; output already waiting is read without one."""
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            data = pipes.read_now(stream, READ_CHUNK)
+            if data is not None:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return b""
+        with trio.CancelScope() as scope:
+            if exited.is_set():
+                scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
+            else:
+                read_scope[:] = [scope]
+            try:
+                return await pipes.receive_some(stream, READ_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return b""
+            finally:
+                read_scope.clear()
+        return b""  # the wait was cancelled: the agent exited and its output stayed silent
 
     def _agent_frame(self, link: AgentConnection, frame: Frame) -> None:
         self.connection.carry_out(self.router.receive_from_agent(link.hop, frame))
