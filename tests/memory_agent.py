@@ -13,6 +13,8 @@ request and answers with the client's result). ``session/new`` answers ``sess-N`
 ``session/cancel``. ``protocol_version=2`` answers ``initialize`` in version 2's shape
 (``info``, ``capabilities.session``). ``initialize_gate``: an event ``initialize`` is
 answered only once set; :meth:`MemoryAgent.exit` ends it as a crash would.
+``piped_output=True``: what it writes goes through a real pipe, which the bridge reads as it
+reads an agent process's stdout (the agent's input stays in memory).
 
 :class:`ScriptedAgent` is ``tests/fake_agent.py`` or ``tests/fake_goose.py`` itself (its
 ``Script``) as a coroutine, started from that file's command line by
@@ -77,11 +79,20 @@ class InMemoryProcess:
     """What both in-memory agents share with a process (the runtime's ``AgentHandle``): a
     made-up pid, stdin and stdout as in-memory streams, and an exit status once ended."""
 
-    def __init__(self, argv: Sequence[str], pid: int) -> None:
+    def __init__(self, argv: Sequence[str], pid: int, *, piped_output: bool = False) -> None:
         self.pid = pid
         self.argv = list(argv)
         self.stdin, self._input = trio.testing.memory_stream_one_way_pair()
-        self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
+        self._output: trio.abc.SendStream
+        self.stdout: trio.abc.ReceiveStream
+        if piped_output:
+            # A real pipe, as a process's stdout is: the bridge reads it as it reads an
+            # agent process's (``pipes.read_now`` first, a wait only when it is empty).
+            read_end, write_end = os.pipe()
+            self._output = trio.lowlevel.FdStream(write_end)
+            self.stdout = trio.lowlevel.FdStream(read_end)
+        else:
+            self._output, self.stdout = trio.testing.memory_stream_one_way_pair()
         self.received_raw: list[bytes] = []
         self.terminated_by_bridge = False
         self.returncode: int | None = None
@@ -111,9 +122,10 @@ class MemoryAgent(InMemoryProcess):
         close_error: Mapping[str, Any] | None = None,
         initialize_gate: trio.Event | None = None,
         session_new_answer: bytes | None = None,
+        piped_output: bool = False,
     ) -> None:
         MemoryAgent._pids += 1
-        super().__init__(argv, MemoryAgent._pids)
+        super().__init__(argv, MemoryAgent._pids, piped_output=piped_output)
         self.env = dict(env)
         self.name = name
         if session_capabilities is None:

@@ -1,5 +1,5 @@
-"""Structure-aware mutation of JSON-RPC from both sides through the bridge (in memory,
-seeded, bounded).
+"""Structure-aware mutation of JSON-RPC from both sides through the bridge (in memory, the
+agent's output through a real pipe as a process's is; seeded, bounded).
 
 Each line starts as a well-formed message of its side (requests, notifications and
 answers of the methods the bridge intercepts and of others, batches of them) and is then
@@ -407,7 +407,9 @@ class Run:
         """Both sides write their lines, a few per write; the client then checks that
         the bridge still serves and waits for the answers it must get."""
         received = self.client_received
-        async with bridge_over_memory(adapter="first-turn") as (client, agent):
+        async with bridge_over_memory(
+            adapter="first-turn", agent_options={"piped_output": True}
+        ) as (client, agent):
 
             async def read_client() -> None:
                 while True:

@@ -535,11 +535,15 @@ def assert_cut_of_one(line: bytes, sent: list[bytes]) -> None:
 
 
 async def test_long_lines_from_both_sides_keep_every_promise() -> None:
+    # The agent's lines go through a real pipe, read as a process's are (pipes.read_now).
     rng = random.Random(LONG_SEED)
     from_client, from_agent = Sent(), Sent()
     requests: set[Any] = set()
     received: list[bytes] = []
-    async with bridge_over_memory(line_limit=MiB) as (client, agent):
+    async with bridge_over_memory(line_limit=MiB, agent_options={"piped_output": True}) as (
+        client,
+        agent,
+    ):
         first = len(agent.received_raw)
 
         async def read_client() -> None:
