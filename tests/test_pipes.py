@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
+from unittest import mock
 
 import pytest
 import trio
@@ -154,3 +155,48 @@ async def test_other_streams_are_used_through_their_own_methods() -> None:
     with trio.fail_after(10):
         await pipes.send_all(send, b"in memory\n")
         assert await pipes.receive_some(receive, 100) == b"in memory\n"
+
+
+async def test_read_now_takes_what_waits_and_never_waits(
+    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
+) -> None:
+    reader, writer = pipe
+    steps = TaskSteps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        assert pipes.read_now(reader, 100) is None  # empty: no wait, no schedule point
+        await pipes.send_all(writer, b"waiting\n")  # taken at once: no schedule point
+        assert pipes.read_now(reader, 100) == b"waiting\n"
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.steps == {}
+    await writer.aclose()
+    assert pipes.read_now(reader, 100) == b""  # the end
+    _send, receive = trio.testing.memory_stream_pair()
+    assert pipes.read_now(receive, 100) is None  # not a pipe: read through its own methods
+
+
+async def test_a_read_after_read_now_found_nothing_waits_for_what_arrives(
+    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
+) -> None:
+    reader, writer = pipe
+    got: list[bytes | bytearray] = []
+
+    async def read() -> None:
+        assert pipes.read_now(reader, 100) is None
+        got.append(await pipes.receive_some(reader, 100, empty=True))
+
+    with trio.fail_after(10), mock.patch.object(pipes.os, "read", wraps=os.read) as reads:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            await pipes.send_all(writer, b"arrived\n")
+    assert got == [b"arrived\n"]
+    assert reads.call_count == 2  # read_now's, and the one after the wait: none between
+    # Cancelled while it waits, it takes nothing out of the pipe.
+    await pipes.send_all(writer, b"")
+    with trio.move_on_after(0.05):
+        await pipes.receive_some(reader, 100, empty=True)
+    await pipes.send_all(writer, b"kept\n")
+    assert await pipes.receive_some(reader, 100) == b"kept\n"

@@ -37,23 +37,27 @@ def _failure(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceErro
     return trio.BrokenResourceError(exc)
 
 
-async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
-    """``stream.receive_some(max_bytes)``, with no schedule point before the read."""
+async def receive_some(
+    stream: trio.abc.ReceiveStream, max_bytes: int, *, empty: bool = False
+) -> bytes | bytearray:
+    """``stream.receive_some(max_bytes)``, with no schedule point before the read.
+    ``empty``: :func:`read_now` has just found the pipe empty, so it waits before it reads."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         return await stream.receive_some(max_bytes)
     fd = stream.fileno()
-    # A cancellation comes before the read (as in trio's own receive_some), never after it
-    # has taken bytes out of the pipe; it costs no trip to the scheduler otherwise.
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        data = os.read(fd, max_bytes)
-    except BlockingIOError:
-        pass
-    except OSError as exc:
-        raise _failure(exc) from exc
-    else:
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+    if not empty:
+        # A cancellation comes before the read (as in trio's own receive_some), never after
+        # it has taken bytes out of the pipe; it costs no trip to the scheduler otherwise.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise _failure(exc) from exc
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
     while True:
         await trio.lowlevel.wait_readable(fd)
         try:
@@ -68,7 +72,8 @@ def read_now(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | None:
     """What a ``FdStream``'s pipe holds now (``b""`` at its end), read with no wait and no
     schedule point; None when it holds nothing yet, or ``stream`` is not a pipe. The caller
     checks for a cancellation before it and passes a schedule point after it, as
-    :func:`receive_some` does, or waits with :func:`receive_some` on None."""
+    :func:`receive_some` does, or on None waits with ``receive_some(..., empty=True)``,
+    which does not try the read again first."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         return None
     try:

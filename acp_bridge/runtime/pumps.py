@@ -382,7 +382,7 @@ class Pumps:
             else:
                 read_scope[:] = [scope]
             try:
-                return await pipes.receive_some(stream, READ_CHUNK)
+                return await pipes.receive_some(stream, READ_CHUNK, empty=True)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return b""
             finally:
