@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from unittest import mock
 
 import pytest
@@ -24,6 +25,17 @@ class TaskSteps(trio.abc.Instrument):
         self.steps[task.name] = self.steps.get(task.name, 0) + 1
 
 
+@contextlib.contextmanager
+def counting_steps() -> Iterator[TaskSteps]:
+    """Each task's steps while the block runs."""
+    steps = TaskSteps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        yield steps
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
 @pytest.fixture
 async def pipe() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream]]:
     read_end, write_end = os.pipe()
@@ -37,39 +49,42 @@ async def test_a_write_the_pipe_takes_and_a_read_of_what_is_there_cost_one_sched
     pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
 ) -> None:
     reader, writer = pipe
-    steps = TaskSteps()
-    trio.lowlevel.add_instrument(steps)
-    try:
+    with counting_steps() as steps:
         await pipes.send_all(writer, b"one line\n")
         assert steps.steps == {}  # trio's send_all passes a checkpoint first
         assert await pipes.receive_some(reader, 100) == b"one line\n"
-    finally:
-        trio.lowlevel.remove_instrument(steps)
     # The checkpoint after a read that found bytes: a peer that never pauses cannot keep
     # the other tasks from running.
     assert list(steps.steps.values()) == [1]
 
 
+@pytest.mark.parametrize("after_read_now", [False, True])
 async def test_a_read_of_an_empty_pipe_waits_for_what_arrives(
-    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
+    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream], after_read_now: bool
 ) -> None:
+    # after_read_now: read_now found the pipe empty, and the read after it (empty=True)
+    # waits without trying the read again.
     reader, writer = pipe
     received: list[bytes | bytearray] = []
 
     async def read() -> None:
-        received.append(await pipes.receive_some(reader, 100))
+        if after_read_now:
+            assert pipes.read_now(reader, 100) is None
+        received.append(await pipes.receive_some(reader, 100, empty=after_read_now))
 
-    with trio.fail_after(10):
+    with trio.fail_after(10), mock.patch.object(os, "read", wraps=os.read) as reads:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
             await trio.testing.wait_all_tasks_blocked()
             assert received == []
             await pipes.send_all(writer, b"late\n")
     assert received == [b"late\n"]
+    assert reads.call_count == 2  # the one that found the pipe empty, the one after the wait
 
 
+@pytest.mark.parametrize("empty", [False, True])
 async def test_a_cancelled_read_leaves_the_bytes_in_the_pipe(
-    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
+    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream], empty: bool
 ) -> None:
     # A pump's read is cancelled (an agent gone past its drain time, the shutdown): as with
     # trio's own receive_some, the cancellation comes before the read, never after it has
@@ -79,7 +94,7 @@ async def test_a_cancelled_read_leaves_the_bytes_in_the_pipe(
     received: list[bytes | bytearray] = []
     with trio.CancelScope() as scope:
         scope.cancel()
-        received.append(await pipes.receive_some(reader, 100))
+        received.append(await pipes.receive_some(reader, 100, empty=empty))
     assert scope.cancelled_caught and received == []
     with trio.fail_after(10):
         assert await pipes.receive_some(reader, 100) == b"kept\n"
@@ -161,42 +176,12 @@ async def test_read_now_takes_what_waits_and_never_waits(
     pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
 ) -> None:
     reader, writer = pipe
-    steps = TaskSteps()
-    trio.lowlevel.add_instrument(steps)
-    try:
+    with counting_steps() as steps:
         assert pipes.read_now(reader, 100) is None  # empty: no wait, no schedule point
         await pipes.send_all(writer, b"waiting\n")  # taken at once: no schedule point
         assert pipes.read_now(reader, 100) == b"waiting\n"
-    finally:
-        trio.lowlevel.remove_instrument(steps)
     assert steps.steps == {}
     await writer.aclose()
     assert pipes.read_now(reader, 100) == b""  # the end
     _send, receive = trio.testing.memory_stream_pair()
     assert pipes.read_now(receive, 100) is None  # not a pipe: read through its own methods
-
-
-async def test_a_read_after_read_now_found_nothing_waits_for_what_arrives(
-    pipe: tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream],
-) -> None:
-    reader, writer = pipe
-    got: list[bytes | bytearray] = []
-
-    async def read() -> None:
-        assert pipes.read_now(reader, 100) is None
-        got.append(await pipes.receive_some(reader, 100, empty=True))
-
-    with trio.fail_after(10), mock.patch.object(pipes.os, "read", wraps=os.read) as reads:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            await trio.testing.wait_all_tasks_blocked()
-            assert got == []
-            await pipes.send_all(writer, b"arrived\n")
-    assert got == [b"arrived\n"]
-    assert reads.call_count == 2  # read_now's, and the one after the wait: none between
-    # Cancelled while it waits, it takes nothing out of the pipe.
-    await pipes.send_all(writer, b"")
-    with trio.move_on_after(0.05):
-        await pipes.receive_some(reader, 100, empty=True)
-    await pipes.send_all(writer, b"kept\n")
-    assert await pipes.receive_some(reader, 100) == b"kept\n"
