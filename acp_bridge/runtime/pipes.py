@@ -11,8 +11,9 @@ intercepted request and its answer took eight task steps, four of them these.
   the schedule point); when there were bytes to read, it still yields to the scheduler
   after the read, so a peer that writes without pause cannot keep the other tasks from
   running. A cancelled read raises before it reads, as trio's does: no bytes are lost.
-* :func:`read_now` is that first read alone, for a reader that waits its own way when the
-  pipe is empty (an agent pump waits under a deadline only then).
+* :func:`receive_ready` is that first read alone, with its schedule points (:func:`read_now`
+  is the read without them), for a reader that waits its own way when the pipe is empty (an
+  agent pump waits under a deadline only then).
 * :func:`send_all` writes first; what the pipe does not take at once goes through the
   stream's own ``send_all``, which waits until it can. A write that completes at once is
   no schedule point: the callers (the outboxes) wait on something else after writing.
@@ -41,23 +42,14 @@ async def receive_some(
     stream: trio.abc.ReceiveStream, max_bytes: int, *, empty: bool = False
 ) -> bytes | bytearray:
     """``stream.receive_some(max_bytes)``, with no schedule point before the read.
-    ``empty``: :func:`read_now` has just found the pipe empty, so it waits before it reads."""
+    ``empty``: :func:`receive_ready` has just found the pipe empty: it waits before it reads."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         return await stream.receive_some(max_bytes)
-    fd = stream.fileno()
     if not empty:
-        # A cancellation comes before the read (as in trio's own receive_some), never after
-        # it has taken bytes out of the pipe; it costs no trip to the scheduler otherwise.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            data = os.read(fd, max_bytes)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise _failure(exc) from exc
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        data = await receive_ready(stream, max_bytes)
+        if data is not None:
             return data
+    fd = stream.fileno()
     while True:
         await trio.lowlevel.wait_readable(fd)
         try:
@@ -68,12 +60,23 @@ async def receive_some(
             raise _failure(exc) from exc
 
 
+async def receive_ready(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | None:
+    """What a pipe holds now (:func:`read_now`), read as :func:`receive_some` reads it
+    when it is ready; None, with no schedule point, when there is nothing yet."""
+    # A cancellation comes before the read (as in trio's own receive_some), never after it
+    # has taken bytes out of the pipe; it costs no trip to the scheduler otherwise.
+    await trio.lowlevel.checkpoint_if_cancelled()
+    data = read_now(stream, max_bytes)
+    if data is not None:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    return data
+
+
 def read_now(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | None:
     """What a ``FdStream``'s pipe holds now (``b""`` at its end), read with no wait and no
-    schedule point; None when it holds nothing yet, or ``stream`` is not a pipe. The caller
-    checks for a cancellation before it and passes a schedule point after it, as
-    :func:`receive_some` does, or on None waits with ``receive_some(..., empty=True)``,
-    which does not try the read again first."""
+    schedule point; None when it holds nothing yet, or ``stream`` is not a pipe. A reader
+    reads it through :func:`receive_ready`, and on None waits with ``receive_some(...,
+    empty=True)``, which does not try the read again first."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         return None
     try:

@@ -369,13 +369,11 @@ class Pumps:
         stays silent for :data:`AGENT_EXIT_DRAIN`. Only the wait is cancelled, never a
         frame half-written to the client; output already waiting is read without one."""
         try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            data = pipes.read_now(stream, READ_CHUNK)
-            if data is not None:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return data
+            data = await pipes.receive_ready(stream, READ_CHUNK)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return b""
+        if data is not None:
+            return data
         with trio.CancelScope() as scope:
             if exited.is_set():
                 scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
