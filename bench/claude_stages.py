@@ -1,6 +1,6 @@
 """A real claude-agent-acp 0.23.1 turn, direct and through bridges, split by stage.
 
-    python bench/claude_stages.py [--rounds 8] [--bridge NAME=PYTHON ...]
+    python bench/claude_stages.py [--rounds 8] [--bridge NAME=PYTHON ...] [--until MARK]
 
 Each round starts the agent once per path, in an order that turns from round to round:
 directly, and behind each bridge named (``NAME=PYTHON``: the ``acp-bridge`` installed for
@@ -14,6 +14,10 @@ Printed: per path, the median of each stage (the time from the previous mark; th
 from the start of the process the client talks to) and of the whole turn; per bridge, the
 median over the rounds of its difference to direct in the same round (the load alike),
 with the load average of each round.
+
+``--until initialize`` ends each turn at that answer: the stages a bridge's start-up can
+touch, in a fifth of a turn's time, so that more rounds fit (the later stages swing by
+more than the start-up costs).
 """
 
 from __future__ import annotations
@@ -34,24 +38,39 @@ from peer_bench import Peer, bridge_command, claude_setup, install_kind
 MARKS: Final = ("spawn", "initialize", "session/new", "session/prompt")
 
 
-def turn(argv: list[str], env: dict[str, str], cwd: Path, spawned: Path) -> dict[str, float]:
-    """One turn; the time of each mark since the process was started, in ms."""
+def turn(
+    argv: list[str], env: dict[str, str], cwd: Path, spawned: Path, until: str = MARKS[-1]
+) -> dict[str, float]:
+    """One turn up to the mark ``until``; the time of each mark since the process was
+    started, in ms."""
     spawned.unlink(missing_ok=True)
     started_wall = time.time()
     peer = Peer(argv, env)
-    started = peer.started
-    marks: dict[str, float] = {}
     try:
-        peer.initialize()
-        marks["initialize"] = (time.perf_counter() - started) * 1000
-        session = peer.request("session/new", {"cwd": str(cwd), "mcpServers": []})
-        marks["session/new"] = (time.perf_counter() - started) * 1000
-        prompt = [{"type": "text", "text": "Say hello."}]
-        peer.request("session/prompt", {"sessionId": session["sessionId"], "prompt": prompt})
-        marks["session/prompt"] = (time.perf_counter() - started) * 1000
+        marks = _answers(peer, cwd, until)
     finally:
         peer.close(0.0)  # claude-agent-acp takes seconds to end on EOF
     marks["spawn"] = (float(spawned.read_text()) - started_wall) * 1000
+    return marks
+
+
+def _answers(peer: Peer, cwd: Path, until: str) -> dict[str, float]:
+    """The time of each answer up to ``until`` since ``peer`` was started, in ms."""
+    marks: dict[str, float] = {}
+
+    def mark(name: str) -> bool:
+        marks[name] = (time.perf_counter() - peer.started) * 1000
+        return name == until
+
+    peer.initialize()
+    if mark("initialize"):
+        return marks
+    session = peer.request("session/new", {"cwd": str(cwd), "mcpServers": []})
+    if mark("session/new"):
+        return marks
+    prompt = [{"type": "text", "text": "Say hello."}]
+    peer.request("session/prompt", {"sessionId": session["sessionId"], "prompt": prompt})
+    mark("session/prompt")
     return marks
 
 
@@ -59,10 +78,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--bridge", action="append", default=[], metavar="NAME=PYTHON")
+    parser.add_argument("--until", choices=MARKS[1:], default=MARKS[-1])
     args = parser.parse_args()
+    marks = MARKS[: MARKS.index(args.until) + 1]
     bridges = dict(item.split("=", 1) for item in args.bridge) or {"bridge": sys.executable}
     paths = ["direct", *bridges]
-    samples: dict[str, dict[str, list[float]]] = {p: {m: [] for m in MARKS} for p in paths}
+    samples: dict[str, dict[str, list[float]]] = {p: {m: [] for m in marks} for p in paths}
     loads: list[float] = []
     # The agents behind a killed bridge are ended by its watchdog a moment later, and may
     # still write into the folder as it is removed.
@@ -82,7 +103,7 @@ def main() -> None:
                     if path != "direct":
                         argv = [*bridge_command(bridges[path]), "--state", ":memory:",
                                 "--log-level", "error", "--", *agent]  # fmt: skip
-                    for mark, value in turn(argv, env, cwd, spawned).items():
+                    for mark, value in turn(argv, env, cwd, spawned, args.until).items():
                         samples[path][mark].append(value)
     print(f"{args.rounds} interleaved rounds; load average at each round: "
           + ", ".join(f"{load:.2f}" for load in loads))  # fmt: skip
@@ -90,15 +111,15 @@ def main() -> None:
         print(f"{name}: {' '.join(bridge_command(python))} ({install_kind(python)} install)")
 
     def stages(path: str, index: int) -> list[float]:
-        marks = [samples[path][m][index] for m in MARKS]
-        return [marks[0]] + [after - before for before, after in itertools.pairwise(marks)]
+        times = [samples[path][m][index] for m in marks]
+        return [times[0]] + [after - before for before, after in itertools.pairwise(times)]
 
-    heading = "  ".join(f"{m:>14}" for m in MARKS)
+    heading = "  ".join(f"{m:>14}" for m in marks)
     print(f"{'median ms, by stage':>24}  {heading}  {'total':>14}")
     for path in paths:
         per_round = [stages(path, i) for i in range(args.rounds)]
         medians = [statistics.median(column) for column in zip(*per_round, strict=True)]
-        total = statistics.median(samples[path][MARKS[-1]])
+        total = statistics.median(samples[path][marks[-1]])
         print(f"{path:>24}  " + "  ".join(f"{m:14.1f}" for m in medians) + f"  {total:14.1f}")
     # The difference to direct in the same round, where the load was alike.
     for path in bridges:
@@ -108,7 +129,7 @@ def main() -> None:
         ]
         medians = [statistics.median(column) for column in zip(*per_round, strict=True)]
         totals = [
-            samples[path][MARKS[-1]][i] - samples["direct"][MARKS[-1]][i]
+            samples[path][marks[-1]][i] - samples["direct"][marks[-1]][i]
             for i in range(args.rounds)
         ]
         print(f"{path + ' - direct':>24}  " + "  ".join(f"{m:+14.1f}" for m in medians)
