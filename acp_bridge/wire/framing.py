@@ -103,9 +103,7 @@ class LineSplitter:
         if self._starts_long_line(data):
             # A long line's first read, all of it the line's start: offered as it came, not
             # split, kept and copied out again (three copies of a read, for nothing).
-            self._passing = True
-            self._passed = len(data)
-            return [LongLineStart(self._hold_back_cr(bytes(data)))]
+            return [self._start_passing(bytes(data))]
         # Nothing held from an earlier read, the usual case on a busy stream: split the
         # whole read at once (one C call) instead of searching line by line.
         lines = bytes(data).split(b"\n")
@@ -130,11 +128,14 @@ class LineSplitter:
         ):
             data = bytes(self._buffer)
             self._buffer = bytearray()
-            self._passing = True
-            self._passed = len(data)
-            data = self._hold_back_cr(data)
-            out.append(LongLineStart(data))
+            out.append(self._start_passing(data))
         return out
+
+    def _start_passing(self, data: bytes) -> LongLineStart:
+        """Pass the line on from here: ``data`` is its start."""
+        self._passing = True
+        self._passed = len(data)
+        return LongLineStart(self._hold_back_cr(data))
 
     def _starts_long_line(self, data: bytes | bytearray) -> bool:
         """Whether ``data``, with nothing held before it (a held line is in the buffer), is
