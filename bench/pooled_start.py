@@ -19,11 +19,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_bench import Peer, bridge_command
+from peer_bench import Peer, bridge_command, start_to_initialize
 from pool_bench import POOLED_AGENTS, agent_setup
 
 from acp_bridge.model_endpoint.server import ThreadedModelEndpoint
@@ -33,8 +32,7 @@ def to_initialize(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     """Milliseconds from the spawn of ``argv`` to the answer to ``initialize``."""
     peer = Peer(argv, env, cwd)
     try:
-        peer.initialize()
-        return (time.perf_counter() - peer.started) * 1000
+        return start_to_initialize(peer, None)["start"]
     finally:
         peer.close(0.0)
 
