@@ -12,7 +12,6 @@ import atexit
 import contextlib
 import gc
 import os
-import signal
 import sys
 
 from acp_bridge.commands import launch
@@ -44,7 +43,9 @@ def _command(args: list[str]) -> None:
     except KeyboardInterrupt:
         # Ctrl-C while waiting for the agent: as the run command ends on it before it
         # listens for signals (the agent is stopped on the way out).
-        sys.exit(128 + signal.SIGINT)
+        from signal import SIGINT
+
+        sys.exit(128 + SIGINT)
     if not started:
         gc.enable()
     from acp_bridge.commands.cli import main as cli_main

@@ -100,6 +100,20 @@ def test_nothing_before_the_agents_spawn_imports_typing() -> None:
     assert "acp_bridge.supervision.agent_watchdog" in imported
 
 
+def test_nothing_before_the_agents_spawn_imports_subprocess_or_enum() -> None:
+    """``subprocess`` brings ``signal``, ``enum``, ``locale``, ``re``, ``selectors`` and
+    ``threading``: some 9 ms before every agent's spawn. The watchdog and the agent started
+    early are spawned without it (``supervision/spawn.py``)."""
+    root = str(Path(__file__).parent.parent)
+    heavy = ["enum", "locale", "re", "selectors", "signal", "subprocess", "threading"]
+    probe = f"import sys, acp_bridge.__main__; print([m for m in {heavy!r} if m in sys.modules])"
+    early = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        capture_output=True, timeout=30, check=True, env={"PYTHONPATH": root},
+    )  # fmt: skip
+    assert early.stdout.decode().strip() == "[]"
+
+
 # A command's end, as acp_bridge.__main__ ends it: buffered output, a function registered
 # with atexit, then exit_now(CODE), and a line that must not run.
 ENDS_WITH = """

@@ -16,16 +16,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
-import subprocess
+
+# The number ``signal`` names, without the ``enum`` it builds to name it.
+from _signal import SIGKILL  # type: ignore[import-not-found]
 
 from acp_bridge import builtin_adapters
 from acp_bridge.config_file import default_config_file
 from acp_bridge.runtime import early_signals
+from acp_bridge.supervision import spawn
 from acp_bridge.supervision.agent_watchdog import Watchdog
 
 # Read by type checkers only: nothing before the agent's spawn imports ``typing``, which
-# costs a few milliseconds there.
+# costs a few milliseconds there (nor ``subprocess``: :mod:`acp_bridge.supervision.spawn`).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -58,7 +60,7 @@ class Started:
 
     __slots__ = ("process", "watchdog")
 
-    def __init__(self, process: subprocess.Popen[bytes], watchdog: Watchdog) -> None:
+    def __init__(self, process: spawn.Child, watchdog: Watchdog) -> None:
         self.process = process
         self.watchdog = watchdog
 
@@ -125,14 +127,9 @@ def start_early(args: Sequence[str]) -> bool:
     except OSError:
         return False  # the usual path tries again, and tells the client why it cannot
     try:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=watchdog.mark(os.environ),
-            start_new_session=True,  # its own process group, as the usual path does
-        )
-    except (OSError, ValueError, subprocess.SubprocessError):
+        # In a session of its own, so its own process group, as the usual path starts it.
+        process = spawn.spawn(argv, env=watchdog.mark(os.environ))
+    except (OSError, ValueError):
         watchdog.discard()
         return False  # the usual path starts it again and tells the client why it cannot
     watchdog.watch(process.pid)
@@ -146,7 +143,7 @@ def start_early(args: Sequence[str]) -> bool:
 def _stop_unadopted() -> None:
     for started in _STARTED.values():
         with contextlib.suppress(OSError):
-            os.killpg(started.process.pid, signal.SIGKILL)
+            os.killpg(started.process.pid, SIGKILL)
         started.process.wait()
         started.watchdog.release()
     _STARTED.clear()
@@ -195,8 +192,8 @@ def exchange_early(args: Sequence[str]) -> None:
         early_initialize.exchange(
             0,
             1,
-            process.stdin.fileno(),
-            process.stdout.fileno(),
+            process.stdin,
+            process.stdout,
             adapter=options.get("--adapter") or early_initialize.AUTO,
             allow_override="--no-override" not in options,
         )

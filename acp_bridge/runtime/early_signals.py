@@ -20,8 +20,10 @@ handlers for both signals, in one of two modes:
 
 from __future__ import annotations
 
+# ``signal`` without the ``enum`` it builds to name its numbers: nothing before the
+# agent's spawn imports ``enum``.
+import _signal as signal  # type: ignore[import-not-found]
 import contextlib
-import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ def install() -> None:
     if _STATE.installed:
         return
     for signum in SIGNALS:
-        if signal.getsignal(signum) is signal.SIG_DFL:
+        if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _handle)
     _STATE.installed = True
 

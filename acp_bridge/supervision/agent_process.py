@@ -36,6 +36,7 @@ from acp_bridge.supervision.agent_watchdog import (
     outside_group,
     signal_processes,
 )
+from acp_bridge.supervision.spawn import Child
 from acp_bridge.wire.jsonrpc import INTERNAL_ERROR, JsonObject, error_object
 
 log = logging.getLogger("acp_bridge.agent")
@@ -112,16 +113,16 @@ def widen_pipe(fd: int) -> None:
 
 
 class StartedProcess:
-    """A child started with :class:`subprocess.Popen`, as trio's ``Process`` is used here."""
+    """A child started before trio ran (:func:`acp_bridge.supervision.spawn.spawn`), as
+    trio's ``Process`` is used here: its pipes become trio streams, which own them."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: Child) -> None:
         assert popen.stdin is not None and popen.stdout is not None
         self._popen = popen
         self.pid = popen.pid
-        self.stdin: trio.abc.SendStream = trio.lowlevel.FdStream(os.dup(popen.stdin.fileno()))
-        self.stdout: trio.abc.ReceiveStream = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
-        popen.stdin.close()
-        popen.stdout.close()
+        self.stdin: trio.abc.SendStream = trio.lowlevel.FdStream(popen.stdin)
+        self.stdout: trio.abc.ReceiveStream = trio.lowlevel.FdStream(popen.stdout)
+        popen.stdin = popen.stdout = None
 
     @property
     def returncode(self) -> int | None:
@@ -221,9 +222,7 @@ class AgentProcess:
         return cls(process, argv, watchdog=watchdog)
 
     @classmethod
-    def adopt(
-        cls, popen: subprocess.Popen[bytes], argv: Sequence[str], watchdog: Watchdog
-    ) -> AgentProcess:
+    def adopt(cls, popen: Child, argv: Sequence[str], watchdog: Watchdog) -> AgentProcess:
         """Take over an agent started before trio ran (see :mod:`acp_bridge.commands.launch`),
         with the watchdog it was started under: its pipes become trio streams."""
         process = StartedProcess(popen)

@@ -78,10 +78,11 @@ from _signal import SIGCONT, SIGKILL, SIGTERM  # type: ignore[import-not-found]
 # script imports while the agent starts beside it, and comes before the agent's spawn.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
     import weakref
     from collections.abc import Callable, Mapping
     from typing import ClassVar, Final
+
+    from acp_bridge.supervision.spawn import Child
 
 POLL: Final = 0.02
 # How long the group of an already dead bridge gets to handle SIGTERM.
@@ -127,7 +128,7 @@ class Watchdog:
     held: ClassVar[weakref.WeakSet[Watchdog] | None] = None
     """Watchdogs started, neither told to exit nor dropped yet (made with the first)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], pipe: int) -> None:
+    def __init__(self, process: Child, pipe: int) -> None:
         self.process = process
         self._pipe: int | None = pipe
 
@@ -167,19 +168,19 @@ class Watchdog:
 
     @classmethod
     def _spawn(cls, grace: float) -> Watchdog:
-        import subprocess
         import weakref
+
+        from acp_bridge.supervision import spawn
 
         _reap_ended()
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
-            process = subprocess.Popen(
+            # In a session of its own: a signal to the bridge's process group must not
+            # take it along.
+            process = spawn.spawn(
                 [sys.executable, "-I", "-S", "-c", RUN, str(grace), _bridge()],
                 stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                # Its own session: a signal to the bridge's process group must not take
-                # it along.
-                start_new_session=True,
+                stdout=spawn.DEVNULL,
             )
         except BaseException:
             os.close(write_end)
@@ -259,7 +260,7 @@ class Watchdog:
 
 # Watchdogs told to exit, or whose pipe was closed, and not reaped yet: each start or
 # release reaps those that have exited, so a long-running server does not collect zombies.
-_ending: list[subprocess.Popen[bytes]] = []
+_ending: list[Child] = []
 # The watchdog :meth:`Watchdog.prepare` started for the next start, by grace, with the pid
 # of the process that started it.
 _ready: dict[float, tuple[int, Watchdog]] = {}
@@ -288,8 +289,6 @@ def finish(timeout: float = GRACE + 1.0) -> None:
     most ``timeout`` seconds, for every watchdog it started to exit. A watchdog that acts
     exits once the group it ends is gone, so neither it nor an agent outlives the process
     (the bridge's end: :func:`acp_bridge.__main__.exit_now`)."""
-    import subprocess
-
     _ready.clear()  # held too: abandoned below, and they exit at once
     for watchdog in list(Watchdog.held or ()):
         watchdog.abandon()
@@ -297,7 +296,7 @@ def finish(timeout: float = GRACE + 1.0) -> None:
     for process in _ending:
         try:
             process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        except TimeoutError:
             pass
     _reap_ended()
 
