@@ -14,7 +14,8 @@ side against the embedded model endpoint, set up as ``pool_bench.py`` sets them 
   answers).
 
 The calls are alternated one for one across the three, after one call each to warm them;
-printed are the medians and their ratio to direct. A ``session/new`` of a few
+printed are the medians and their ratio to direct, and the CPU time the relay process
+(raw, bridge) spent per call. A ``session/new`` of a few
 milliseconds shows what the hops between processes cost on this machine, before any
 reading or judging: the part of "at most 1.1x a direct ``session/new``" that no relay
 process can give back.
@@ -30,15 +31,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pool_bench
-from peer_bench import Peer
+from peer_bench import Peer, cpu_seconds
 
 from acp_bridge.model_endpoint import ThreadedModelEndpoint
 
 RAW_RELAY = Path(__file__).with_name("raw_relay.py")
 
 
-def measure(agent: pool_bench.PooledAgent, calls: int) -> dict[str, float]:
-    """Median ``session/new`` milliseconds per path."""
+def measure(agent: pool_bench.PooledAgent, calls: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ``session/new`` milliseconds per path, and the relay's CPU milliseconds
+    per call (for the paths with a relay)."""
     with (
         tempfile.TemporaryDirectory(prefix="acp-bridge-hops-") as tmp,
         ThreadedModelEndpoint(reply="Hello.") as endpoint,
@@ -57,13 +59,19 @@ def measure(agent: pool_bench.PooledAgent, calls: int) -> dict[str, float]:
                 peer.initialize()
                 pool_bench.timed_new(peer, setup.cwd)
             samples: dict[str, list[float]] = {name: [] for name in paths}
+            relays = {name: peer.process.pid for name, peer in paths.items() if name != "direct"}
+            cpu_before = {name: cpu_seconds(pid) for name, pid in relays.items()}
             for _ in range(calls):
                 for name, peer in paths.items():
                     samples[name].append(pool_bench.timed_new(peer, setup.cwd))
+            cpu = {
+                name: (cpu_seconds(pid) - cpu_before[name]) * 1000 / calls
+                for name, pid in relays.items()
+            }
         finally:
             for peer in paths.values():
                 peer.close(0.0)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: statistics.median(values) for name, values in samples.items()}, cpu
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -75,11 +83,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for agent in pool_bench.POOLED_AGENTS:
         if agent.name not in args.agents:
             continue
-        medians = measure(agent, args.calls)
+        medians, cpu = measure(agent, args.calls)
         direct = medians["direct"]
         print(
             f"{agent.name}: "
-            + ", ".join(f"{name} {ms:.2f} ms ({ms / direct:.2f}x)" for name, ms in medians.items()),
+            + ", ".join(f"{name} {ms:.2f} ms ({ms / direct:.2f}x)" for name, ms in medians.items())
+            + "; relay CPU per call: "
+            + ", ".join(f"{name} {ms:.2f} ms" for name, ms in cpu.items()),
             flush=True,
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -122,3 +123,23 @@ def test_a_command_that_cannot_start_raises_and_leaves_no_descriptor(tmp_path: P
     with pytest.raises(OSError):
         spawn.spawn([str(not_a_program)])
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_pipes_work_where_the_bridge_was_started_without_stdin_and_stdout() -> None:
+    """The pipes' ends land on descriptors 0 and 1 then; they are moved above stderr before
+    the spawn, as Popen moves them."""
+    root = str(Path(__file__).parent.parent)
+    script = (
+        "import os, sys\n"
+        "from acp_bridge.supervision import spawn\n"
+        "child = spawn.spawn(['sh', '-c', 'tr a-z A-Z'])\n"
+        "assert min(child.stdin, child.stdout) <= 1, (child.stdin, child.stdout)\n"
+        "os.write(child.stdin, b'piped'); os.close(child.stdin)\n"
+        "out = os.read(child.stdout, 100)\n"
+        "sys.stderr.write(repr((out, child.wait())))\n"
+    )
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" <&- >&-', sys.executable, script],
+        check=False, capture_output=True, timeout=30, env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    assert done.stderr.decode() == "(b'PIPED', 0)"

@@ -114,29 +114,35 @@ def spawn(
     actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = []
     try:
         for target, given in ((0, stdin), (1, stdout)):
+            if given == DEVNULL:
+                flags = os.O_RDONLY if target == 0 else os.O_WRONLY
+                actions.append((os.POSIX_SPAWN_OPEN, target, os.devnull, flags, 0))
+                continue
             if given == PIPE:
                 read_end, write_end = os.pipe()  # both close-on-exec
                 mine, child = (write_end, read_end) if target == 0 else (read_end, write_end)
                 ours.append(mine)
                 theirs.append(child)
-                actions.append((os.POSIX_SPAWN_DUP2, child, target))
-            elif given == DEVNULL:
-                flags = os.O_RDONLY if target == 0 else os.O_WRONLY
-                actions.append((os.POSIX_SPAWN_OPEN, target, os.devnull, flags, 0))
             else:
-                actions.append((os.POSIX_SPAWN_DUP2, given, target))
-        if any(fd <= 2 for fd in theirs):
-            # A pipe end landed on a standard descriptor the bridge started without: a
-            # dup2 onto itself would leave it close-on-exec. Popen's way, not this one.
-            raise OSError(f"no room for a child's pipes: descriptor {min(theirs)} is free")
-        pid = os.posix_spawnp(
-            argv[0],
-            list(argv),
-            os.environ if env is None else env,
-            file_actions=actions,
-            setsigdef=(SIGPIPE, SIGXFSZ),
-            setsid=True,
-        )
+                child = given
+            if child <= 2:
+                # On a standard descriptor the bridge was started without: the child's
+                # ends are moved above them first, so that no dup2 overwrites another
+                # (or lands on itself, which would leave it close-on-exec).
+                child = _above_stderr(child)
+                theirs.append(child)
+            actions.append((os.POSIX_SPAWN_DUP2, child, target))
+        try:
+            pid = os.posix_spawnp(
+                argv[0],
+                list(argv),
+                os.environ if env is None else env,
+                file_actions=actions,
+                setsigdef=(SIGPIPE, SIGXFSZ),
+                setsid=True,
+            )
+        except NotImplementedError as exc:  # no setsid for posix_spawn on this system
+            raise OSError(f"cannot start a process in a session of its own: {exc}") from exc
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -150,6 +156,13 @@ def spawn(
         next(pipes) if stdin == PIPE else None,
         next(pipes) if stdout == PIPE else None,
     )
+
+
+def _above_stderr(fd: int) -> int:
+    """A close-on-exec copy of ``fd`` numbered above stderr."""
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
 
 
 def _close_inherited_on_exec() -> None:
