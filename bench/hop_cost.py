@@ -49,13 +49,12 @@ def measure(agent: pool_bench.PooledAgent, calls: int) -> tuple[dict[str, float]
         bridge = [sys.executable, "-m", "acp_bridge", "--state", ":memory:", "--log-level",
                   "error", "--adapter", agent.adapter, "--", *setup.argv]  # fmt: skip
         raw = [sys.executable, str(RAW_RELAY), *setup.argv]
-        paths = {
-            "direct": Peer(setup.argv, setup.env, setup.cwd),
-            "raw": Peer(raw, setup.env, setup.cwd),
-            "bridge": Peer(bridge, setup.env, setup.cwd),
-        }
+        paths: dict[str, Peer] = {}
         try:
-            for peer in paths.values():
+            # One after another: opencode and Kilo started side by side on a fresh data
+            # folder may fail on their own database ("database is locked").
+            for name, argv in (("direct", setup.argv), ("raw", raw), ("bridge", bridge)):
+                peer = paths[name] = Peer(argv, setup.env, setup.cwd)
                 peer.initialize()
                 pool_bench.timed_new(peer, setup.cwd)
             samples: dict[str, list[float]] = {name: [] for name in paths}
