@@ -12,7 +12,8 @@ run"). ``os.posix_spawnp`` needs none of them. :class:`Child` is the part of
 What ``Popen`` does for them, done here too:
 
 * the child gets the pipes (or ``/dev/null``) on its stdin and stdout, and the bridge's
-  stderr;
+  stderr; pipe ends that land on a standard descriptor the bridge was started without are
+  moved above stderr first;
 * no other descriptor: every descriptor Python opens is close-on-exec already, and those
   the bridge inherited from its own parent are made so before the spawn
   (:func:`_close_inherited_on_exec`; ``Popen``'s ``close_fds`` closes them in the child);
