@@ -92,8 +92,6 @@ class Child:
             # Reaped elsewhere (SIGCHLD ignored, say): its status is lost, as Popen has it.
             self.returncode = 0
             return
-        except InterruptedError:
-            return
         if pid == self.pid:
             self.returncode = os.waitstatus_to_exitcode(status)
 
