@@ -112,9 +112,18 @@ class Server:
                     self.ending = True
                     self.selector.unregister(key.fileobj)
                     self.selector.unregister(self.listener)
+                    self._remove_address()
                 else:
                     self._reap(key.data)
         return None
+
+    def _remove_address(self) -> None:
+        """Remove the socket and its folder: the session's end may be a test session
+        that was killed, which never got to remove them (:meth:`Preloader.close`)."""
+        address = Path(self.listener.getsockname())
+        with contextlib.suppress(OSError):
+            address.unlink()
+            address.parent.rmdir()
 
     def _fork(self, connection: socket.socket) -> dict[str, Any] | None:
         fds = array.array("i")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from preloaded import start_bridge
+from preloaded import SOCKET, Preloader, start_bridge
 
 # Command lines that end on their own, each through another path of the entry point.
 COMMAND_LINES = [
@@ -92,3 +92,15 @@ async def test_a_signal_ends_a_forked_bridge_and_its_status_says_so(
         assert await process.wait() == -signal.SIGKILL
         process.kill()  # already reaped: nothing is signalled
     assert process.pid != os.getpid()
+
+
+def test_a_server_whose_test_session_was_killed_leaves_no_folder_behind() -> None:
+    # A killed test session never calls close(): the server's stdin reaching its end is
+    # all that is left of it.
+    server = Preloader.launch()
+    assert (server.folder / SOCKET).is_socket()
+    stdin = server.process.stdin
+    assert stdin is not None
+    stdin.close()
+    assert server.process.wait(timeout=30) == 0
+    assert not server.folder.exists()
