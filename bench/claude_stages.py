@@ -1,6 +1,7 @@
 """A real claude-agent-acp 0.23.1 turn, direct and through bridges, split by stage.
 
     python bench/claude_stages.py [--rounds 8] [--bridge NAME=PYTHON ...] [--until MARK]
+                                  [--load-beside]
 
 Each round starts the agent once per path, in an order that turns from round to round:
 directly, and behind each bridge named (``NAME=PYTHON``: the ``acp-bridge`` installed for
@@ -15,6 +16,12 @@ from the start of the process the client talks to) and of the whole turn; per br
 median over the rounds of its difference to direct in the same round (the load alike),
 with the load average of each round.
 
+``--load-beside`` adds the path ``loaded beside``: the agent started directly, and
+:data:`~acp_bridge.runtime.early_initialize.LOAD_AFTER` later another process of this
+interpreter imports what the bridge loads while the agent starts
+(:data:`~acp_bridge.runtime.early_initialize.RUNTIME_MODULES`). Its difference to direct is
+what that load alone costs the agent's start, whoever does it.
+
 ``--until initialize`` ends each turn at that answer: the stages a bridge's start-up can
 touch, in a fifth of a turn's time, so that more rounds fit (the later stages swing by
 more than the start-up costs).
@@ -26,6 +33,7 @@ import argparse
 import itertools
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,21 +43,38 @@ from typing import Final
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_bench import Peer, bridge_command, claude_setup, install_kind
 
+from acp_bridge.runtime.early_initialize import LOAD_AFTER, RUNTIME_MODULES
+
 MARKS: Final = ("spawn", "initialize", "session/new", "session/prompt")
+BESIDE: Final = "loaded beside"
+LOAD: Final = [sys.executable, "-c", "; ".join(f"import {name}" for name in RUNTIME_MODULES)]
 
 
 def turn(
-    argv: list[str], env: dict[str, str], cwd: Path, spawned: Path, until: str = MARKS[-1]
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    spawned: Path,
+    until: str = MARKS[-1],
+    *,
+    load_beside: bool = False,
 ) -> dict[str, float]:
     """One turn up to the mark ``until``; the time of each mark since the process was
-    started, in ms."""
+    started, in ms. ``load_beside``: the bridge's runtime is imported by another process
+    meanwhile, started as the bridge would start loading it."""
     spawned.unlink(missing_ok=True)
     started_wall = time.time()
     peer = Peer(argv, env)
+    loader = None
     try:
+        if load_beside:
+            time.sleep(LOAD_AFTER)
+            loader = subprocess.Popen(LOAD, cwd=tempfile.gettempdir(), env=env)
         marks = _answers(peer, cwd, until)
     finally:
         peer.close(0.0)  # claude-agent-acp takes seconds to end on EOF
+        if loader is not None:
+            loader.wait()
     marks["spawn"] = (float(spawned.read_text()) - started_wall) * 1000
     return marks
 
@@ -79,10 +104,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--bridge", action="append", default=[], metavar="NAME=PYTHON")
     parser.add_argument("--until", choices=MARKS[1:], default=MARKS[-1])
+    parser.add_argument("--load-beside", action="store_true")
     args = parser.parse_args()
     marks = MARKS[: MARKS.index(args.until) + 1]
     bridges = dict(item.split("=", 1) for item in args.bridge) or {"bridge": sys.executable}
-    paths = ["direct", *bridges]
+    paths = ["direct", *bridges, *([BESIDE] if args.load_beside else [])]
     samples: dict[str, dict[str, list[float]]] = {p: {m: [] for m in marks} for p in paths}
     loads: list[float] = []
     # The agents behind a killed bridge are ended by its watchdog a moment later, and may
@@ -100,10 +126,12 @@ def main() -> None:
                 shift = number % len(paths)
                 for path in paths[shift:] + paths[:shift]:
                     argv = agent
-                    if path != "direct":
+                    if path in bridges:
                         argv = [*bridge_command(bridges[path]), "--state", ":memory:",
                                 "--log-level", "error", "--", *agent]  # fmt: skip
-                    for mark, value in turn(argv, env, cwd, spawned, args.until).items():
+                    beside = path == BESIDE
+                    reached = turn(argv, env, cwd, spawned, args.until, load_beside=beside)
+                    for mark, value in reached.items():
                         samples[path][mark].append(value)
     print(f"{args.rounds} interleaved rounds; load average at each round: "
           + ", ".join(f"{load:.2f}" for load in loads))  # fmt: skip
@@ -122,7 +150,7 @@ def main() -> None:
         total = statistics.median(samples[path][marks[-1]])
         print(f"{path:>24}  " + "  ".join(f"{m:14.1f}" for m in medians) + f"  {total:14.1f}")
     # The difference to direct in the same round, where the load was alike.
-    for path in bridges:
+    for path in paths[1:]:
         per_round = [
             [b - d for b, d in zip(stages(path, i), stages("direct", i), strict=True)]
             for i in range(args.rounds)
