@@ -73,8 +73,9 @@ def turn(
         marks = _answers(peer, cwd, until)
     finally:
         peer.close(0.0)  # claude-agent-acp takes seconds to end on EOF
-        if loader is not None:
-            loader.wait()
+        status = 0 if loader is None else loader.wait()
+    if status != 0:
+        raise RuntimeError(f"the runtime's import beside the agent failed (status {status})")
     marks["spawn"] = (float(spawned.read_text()) - started_wall) * 1000
     return marks
 
