@@ -118,6 +118,8 @@ class MemoryAgent(InMemoryProcess):
         session_capabilities: Mapping[str, Any] | None = None,
         name: str = "memory-agent",
         commands_after_new: bool = False,
+        updates_after_new: int = 0,
+        update_padding: int = 0,
         protocol_version: int = 1,
         close_error: Mapping[str, Any] | None = None,
         initialize_gate: trio.Event | None = None,
@@ -133,6 +135,10 @@ class MemoryAgent(InMemoryProcess):
         self.session_capabilities = dict(session_capabilities)
         self.received: list[Any] = []
         self.commands_after_new = commands_after_new
+        # How many session/update notifications about a new session follow its answer, each
+        # padded with so many bytes (an agent that streams on about a session at once).
+        self.updates_after_new = updates_after_new
+        self.update_padding = update_padding
         self.protocol_version = protocol_version
         # The line to answer session/new with instead of a session, ``{id}`` standing for
         # the request's id as JSON (an agent that answers wrongly).
@@ -235,16 +241,7 @@ class MemoryAgent(InMemoryProcess):
             line = self.session_new_answer.replace(b"{id}", jsonrpc.encode(request_id))
             await self.send_raw(line)
         elif method == "session/new":
-            self._sessions += 1
-            session_id = f"sess-{self._sessions}"
-            await self._answer(request_id, {"sessionId": session_id})
-            if self.commands_after_new:
-                # As claude-agent-acp does: the session's commands right after its answer.
-                update = {"sessionUpdate": "available_commands_update", "availableCommands": []}
-                await self.send(
-                    {"jsonrpc": "2.0", "method": "session/update",
-                     "params": {"sessionId": session_id, "update": update}}
-                )  # fmt: skip
+            await self._new_session(request_id)
         elif method == "session/close" and self.close_error is not None:
             await self.send({"jsonrpc": "2.0", "id": request_id, "error": self.close_error})
         elif method in ("session/load", "session/resume", "session/close", "session/delete"):
@@ -275,6 +272,25 @@ class MemoryAgent(InMemoryProcess):
                     "error": {"code": -32601, "message": f"no method {method}"},
                 }
             )
+
+    async def _new_session(self, request_id: Any) -> None:
+        self._sessions += 1
+        session_id = f"sess-{self._sessions}"
+        await self._answer(request_id, {"sessionId": session_id})
+        if self.commands_after_new:
+            # As claude-agent-acp does: the session's commands right after its answer.
+            commands = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+            await self.send(
+                {"jsonrpc": "2.0", "method": "session/update",
+                 "params": {"sessionId": session_id, "update": commands}}
+            )  # fmt: skip
+        pad = "x" * self.update_padding
+        for number in range(self.updates_after_new):
+            chunk = {"sessionUpdate": "agent_message_chunk", "n": number, "pad": pad}
+            await self.send(
+                {"jsonrpc": "2.0", "method": "session/update",
+                 "params": {"sessionId": session_id, "update": chunk}}
+            )  # fmt: skip
 
     def exit(self, status: int) -> None:
         """End now, as a crash would: nothing more is read or answered."""

@@ -324,6 +324,29 @@ def test_everything_the_agent_sends_after_its_initialize_answer_waits_for_the_br
     assert [m.get("id", m.get("method")) for m in wire.take(CLIENT)] == [0, "x/early"]
 
 
+def test_what_waits_behind_an_answer_is_counted_and_what_the_runtime_awaits_is_known() -> None:
+    # What the runtime needs to bound an agent's frames held behind an answer (frames and
+    # bytes per hop) without stopping an answer it waits for itself.
+    wire = Wire()
+    (start,) = wire.client(request(0, "initialize", protocolVersion=1))
+    assert wire.router.answer_hold.held(0) == (0, 0)
+    wire.router.forward(start.token, 0)
+    assert wire.router.hops[0].pending.awaited()
+    wire.agent(0, result(0, {"protocolVersion": 1}))
+    assert not wire.router.hops[0].pending.awaited()
+    notes = [json.dumps(notification("x/early", n=n)).encode() for n in range(3)]
+    for note in notes:
+        wire.agent(0, note)
+    assert wire.router.answer_hold.held(0) == (3, sum(map(len, notes)))
+    own = wire.router.request(0, "_x/ask", {})
+    assert own is not None and wire.router.hops[0].pending.awaited()
+    wire.agent(0, result(wire.take(0)[-1]["id"], {}))
+    assert not wire.router.hops[0].pending.awaited()
+    wire.router.answer(start.token, jsonrpc.encode(result(0, {"protocolVersion": 1})))
+    assert wire.router.answer_hold.held(0) == (0, 0)
+    assert [m.get("method") for m in wire.take(CLIENT)] == [None, "x/early", "x/early", "x/early"]
+
+
 def test_an_agent_answering_a_request_twice_reaches_the_client_once(caplog: Any) -> None:
     wire = Wire()
     wire.client(request(1, "x/y"))

@@ -18,7 +18,13 @@ from test_ids import Wire
 from acp_bridge.adapter import AdapterContext
 from acp_bridge.core.system_prompt import SystemPrompt
 from acp_bridge.registry import AdapterRegistry
-from acp_bridge.runtime.pumps import READ_CHUNK, WAITING_CLIENT_BYTES, WAITING_CLIENT_FRAMES
+from acp_bridge.runtime.pumps import (
+    READ_CHUNK,
+    WAITING_AGENT_BYTES,
+    WAITING_AGENT_FRAMES,
+    WAITING_CLIENT_BYTES,
+    WAITING_CLIENT_FRAMES,
+)
 from acp_bridge.runtime.relay import Bridge, BridgeOptions
 from acp_bridge.state.lifecycle import Lifecycle
 from acp_bridge.state.store import SessionStore, StoreError
@@ -505,3 +511,77 @@ async def test_the_client_is_read_no_further_while_too_much_of_it_waits(
             assert await client.receive() == {"jsonrpc": "2.0", "id": "after", "result": {}}
     received = [m["params"]["n"] for m in agent.received if m["method"] == "_x/note"]
     assert received == list(range(len(notes)))
+
+
+# A session/update of the memory agent's flood, without padding.
+UPDATE_BYTES = len(
+    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1","update":'
+    b'{"sessionUpdate":"agent_message_chunk","n":10000,"pad":""}}}\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("count", "padding"),
+    [(20_000, 0), (64, 100_000)],
+    ids=["many small frames", "fewer large ones"],
+)
+@pytest.mark.parametrize("ask", [False, True], ids=["hook-waits", "hook-asks-the-agent"])
+async def test_an_agent_is_read_no_further_while_too_much_of_it_waits_behind_an_answer(
+    count: int, padding: int, ask: bool
+) -> None:
+    """The agent answers session/new and goes on about the new session at once, while the
+    bridge's answer waits on the adapter's hook: what the agent sends about that session
+    waits for the answer (spec §2), and a bridge that read on held all of it (2 MiB in
+    20,000 frames, or 6.1 MiB in 64). The bridge stops reading that agent while more than
+    a bound waits, as it stops reading the client, and reads on as the answer goes; unless
+    the hook asks the same agent something, whose answer comes after what waits: then it
+    reads on. Nothing is lost or reordered."""
+    hold = trio.Event()
+    options = {"slow": {"delay": 0, "hold_after": hold, "ask_after": ask}}
+    with trio.fail_after(30):
+        async with memory_bridge(
+            adapter="slow",
+            adapter_options=options,
+            agent_options={"updates_after_new": count, "update_padding": padding},
+        ) as (bridge, client, _agent):
+            await client.send(new_session("held"))
+            await trio.testing.wait_all_tasks_blocked()
+            # At most one read past either bound.
+            frames, size = bridge.router.answer_hold.held(bridge.primary.hop)
+            one_read = READ_CHUNK // UPDATE_BYTES + 1 if padding == 0 else 2
+            assert 0 < frames <= WAITING_AGENT_FRAMES + one_read
+            assert size <= WAITING_AGENT_BYTES + READ_CHUNK + UPDATE_BYTES + padding
+            hold.set()
+            answer = await client.receive()
+            assert answer["id"] == "held" and answer["result"]["sessionId"] == "sess-1"
+            if ask:
+                assert answer["result"]["_meta"] == {"asked": {"asked": "after"}}
+            updates = [await client.receive() for _ in range(count)]
+            await client.send({"jsonrpc": "2.0", "id": "after", "method": "_test/echo"})
+            assert await client.receive() == {"jsonrpc": "2.0", "id": "after", "result": {}}
+    assert [u["params"]["update"]["n"] for u in updates] == list(range(count))
+    assert {u["params"]["sessionId"] for u in updates} == {"sess-1"}
+
+
+async def test_an_agent_held_back_that_exits_is_read_to_its_end_at_once() -> None:
+    """What an agent leaves when it exits is read at once, bound or not: a pump that waited
+    for the bridge's answer would otherwise see the exit only once that answer went."""
+    hold = trio.Event()
+    count = 20_000
+    with trio.fail_after(30):
+        async with memory_bridge(
+            adapter="slow",
+            adapter_options={"slow": {"delay": 0, "hold_after": hold}},
+            agent_options={"updates_after_new": count},
+        ) as (bridge, client, agent):
+            await client.send(new_session("held"))
+            await trio.testing.wait_all_tasks_blocked()
+            hop = bridge.primary.hop
+            assert bridge.router.answer_hold.held(hop)[0] < count
+            agent.exit(3)
+            await trio.testing.wait_all_tasks_blocked()
+            assert bridge.router.answer_hold.held(hop)[0] == count
+            hold.set()
+            assert (await client.receive())["id"] == "held"
+            updates = [await client.receive() for _ in range(count)]
+    assert [u["params"]["update"]["n"] for u in updates] == list(range(count))

@@ -213,6 +213,7 @@ class AnswerHold:
         # None: all of them).
         self._pending: dict[int, tuple[int, frozenset[str] | None]] = {}
         self._held: dict[int, list[bytes]] = {}  # hop -> frames for the client, in order
+        self._held_bytes: dict[int, int] = {}  # hop -> the bytes of those frames
 
     def hold(self, token: int, hop: int, request: Frame, answer: Any) -> None:
         """Process ``hop`` answered intercepted ``request``: hold what must not overtake
@@ -228,10 +229,16 @@ class AnswerHold:
                 return
         self._pending[token] = (hop, sessions)
         self._held.setdefault(hop, [])
+        self._held_bytes.setdefault(hop, 0)
 
     def holding(self, hop: int | None = None) -> bool:
         """Whether frames of ``hop`` (of any process: None) may have to wait now."""
         return bool(self._held) if hop is None else hop in self._held
+
+    def held(self, hop: int) -> tuple[int, int]:
+        """How many frames of ``hop`` wait now, and their bytes."""
+        held = self._held.get(hop)
+        return (0, 0) if held is None else (len(held), self._held_bytes[hop])
 
     def admit(self, hop: int, raw: bytes, message: Any) -> bool:
         """Whether a frame of ``hop`` for the client may go now; if not, it is kept."""
@@ -239,6 +246,7 @@ class AnswerHold:
         if held is None or not self._must_wait(hop, message):
             return True
         held.append(raw)
+        self._held_bytes[hop] += len(raw)
         return False
 
     def answered(self, token: int) -> list[bytes]:
@@ -246,6 +254,7 @@ class AnswerHold:
         pending = self._pending.pop(token, None)
         if pending is None or any(hop == pending[0] for hop, _ in self._pending.values()):
             return []
+        self._held_bytes.pop(pending[0], None)
         return self._held.pop(pending[0], [])
 
     def _must_wait(self, hop: int, message: Any) -> bool:

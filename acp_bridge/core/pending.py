@@ -69,6 +69,11 @@ class PendingTable:
         """The answer to ``wire_id`` arrived: who gets it (None: not a request in flight)."""
         return self._entries.pop(wire_id, None)
 
+    def awaited(self) -> bool:
+        """Whether the runtime itself waits for an answer in flight here (an adapter's own
+        request, or an intercepted one)."""
+        return any(isinstance(origin, ForWaiter) for origin in self._entries.values())
+
     def drain(self) -> list[Origin]:
         """The connection is gone: every request in flight, in the order they were sent."""
         origins = list(self._entries.values())

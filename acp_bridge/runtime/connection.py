@@ -190,6 +190,8 @@ class Connection:
         self._waiters: dict[int, Waiter] = {}
         # Set (and replaced) each time an interception is forwarded or answered: the only
         # steps after which the router can have become settled or stopped intercepting.
+        # Also when the runtime starts waiting for an agent's answer, or an agent exits:
+        # then an agent pump held back behind an answer reads on (Pumps._held_back).
         self._interception_moved = trio.Event()
         self.client_gone = False
         self.client_went_away = trio.Event()
@@ -230,12 +232,14 @@ class Connection:
         self.queue(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
 
     def interception_moved(self) -> None:
-        """An interception was forwarded or answered: wake what waits in :meth:`until`."""
+        """An interception was forwarded or answered (or the runtime waits for an agent,
+        or an agent exited): wake what waits in :meth:`until`."""
         self._interception_moved.set()
         self._interception_moved = trio.Event()
 
     async def until(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition`` (of the router's interceptions) holds."""
+        """Wait until ``condition`` (of the router's interceptions and what the runtime waits
+        for) holds."""
         while not condition():
             await self._interception_moved.wait()
 
@@ -244,6 +248,7 @@ class Connection:
         if waiter_id is None:
             return AgentExited(link.exit_status)
         waiter = self._waiters[waiter_id] = Waiter()
+        self.interception_moved()  # the answer may be behind what a held-back pump left
         await self.flush_all()
         return await waiter.wait()
 

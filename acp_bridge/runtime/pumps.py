@@ -58,6 +58,11 @@ READ_CHUNK: Final = 1 << 17
 # writes meanwhile, kept decoded (a small frame's about 15 times its bytes).
 WAITING_CLIENT_BYTES: Final = 4 << 20
 WAITING_CLIENT_FRAMES: Final = 4096
+# The same bound for what an agent process sends the client that waits behind the bridge's
+# answer to a request the agent has answered (spec §2): that agent is not read meanwhile,
+# unless the runtime waits for an answer of its own from it (Pumps._held_back).
+WAITING_AGENT_BYTES: Final = WAITING_CLIENT_BYTES
+WAITING_AGENT_FRAMES: Final = WAITING_CLIENT_FRAMES
 LongItem = LongLineStart | LongLinePart | LongLineEnd
 # After the agent exits, how long its stdout may stay silent before it counts as closed.
 # Normally EOF comes at once; only a grandchild holding the pipe makes this wait matter.
@@ -315,6 +320,7 @@ class Pumps:
     ) -> None:
         await link.process.wait()
         exited.set()
+        self.connection.interception_moved()  # a pump held back reads what it left
         for scope in read_scope:
             # Whatever the agent wrote before exiting is already in the pipe.
             scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
@@ -360,6 +366,19 @@ class Pumps:
             await self.connection.flush_client()
             if not data:
                 break
+            if self._held_back(link.hop, exited):
+                await self.connection.until(lambda: not self._held_back(link.hop, exited))
+
+    def _held_back(self, hop: int, exited: trio.Event) -> bool:
+        """Whether agent process ``hop`` is read no further for now: more of what it sent
+        the client waits behind the bridge's answer to a request it answered than the
+        bound, and nothing the runtime waits for can come from it (an answer to a request
+        of the bridge's own, which an adapter's hook may need before that answer goes;
+        the output it leaves when it exits)."""
+        frames, size = self.router.answer_hold.held(hop)
+        if frames <= WAITING_AGENT_FRAMES and size <= WAITING_AGENT_BYTES:
+            return False
+        return not exited.is_set() and not self.router.hops[hop].pending.awaited()
 
     @staticmethod
     async def _read_agent_output(
