@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pool_bench
-from peer_bench import Peer, cpu_seconds
+from peer_bench import CLOSE_TIMEOUT, Peer, cpu_seconds
 
 from acp_bridge.model_endpoint import ThreadedModelEndpoint
 
@@ -80,8 +80,11 @@ def measure(
                 for name, pid in relays.items()
             }
         finally:
-            for peer in paths.values():
-                peer.close(0.0)
+            for name, peer in paths.items():
+                # The bridge stops its agent itself on EOF. Killed, it would leave that to
+                # its watchdog, a moment later: the agent could still write in the data
+                # folder as it is removed (qwen-code did).
+                peer.close(CLOSE_TIMEOUT if name == "bridge" else 0.0)
     return {name: statistics.median(values) for name, values in samples.items()}, cpu
 
 
