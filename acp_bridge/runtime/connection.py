@@ -188,11 +188,12 @@ class Connection:
         # Starts a task for an intercepted request (the router's Intercept event).
         self._intercept = intercept
         self._waiters: dict[int, Waiter] = {}
-        # Set (and replaced) each time an interception is forwarded or answered: the only
-        # steps after which the router can have become settled or stopped intercepting.
-        # Also when the runtime starts waiting for an agent's answer, or an agent exits:
-        # then an agent pump held back behind an answer reads on (Pumps._held_back).
-        self._interception_moved = trio.Event()
+        # Set (and replaced) each time an interception is forwarded or answered, the only
+        # steps after which the router can have become settled or stopped intercepting;
+        # and when the runtime starts waiting for an agent's answer, or an agent exits,
+        # after which an agent pump held back behind an answer reads on
+        # (Pumps._held_back). What waits in until() looks again.
+        self._moved = trio.Event()
         self.client_gone = False
         self.client_went_away = trio.Event()
         # How far the client pump has read, for telling a pump stuck behind a blocked
@@ -231,24 +232,24 @@ class Connection:
     def answer_client_error(self, request_id: jsonrpc.RequestId, code: int, message: str) -> None:
         self.queue(CLIENT, jsonrpc.encode(jsonrpc.error_response(request_id, code, message)))
 
-    def interception_moved(self) -> None:
-        """An interception was forwarded or answered (or the runtime waits for an agent,
-        or an agent exited): wake what waits in :meth:`until`."""
-        self._interception_moved.set()
-        self._interception_moved = trio.Event()
+    def moved(self) -> None:
+        """An interception was forwarded or answered, the runtime began waiting for an
+        agent's answer, or an agent exited: wake what waits in :meth:`until`."""
+        self._moved.set()
+        self._moved = trio.Event()
 
     async def until(self, condition: Callable[[], bool]) -> None:
         """Wait until ``condition`` (of the router's interceptions and what the runtime waits
         for) holds."""
         while not condition():
-            await self._interception_moved.wait()
+            await self._moved.wait()
 
     async def wait_for(self, waiter_id: int | None, link: AgentConnection) -> Frame | AgentExited:
         """The answer the router will hand to ``waiter_id`` (None: ``link`` is gone)."""
         if waiter_id is None:
             return AgentExited(link.exit_status)
         waiter = self._waiters[waiter_id] = Waiter()
-        self.interception_moved()  # the answer may be behind what a held-back pump left
+        self.moved()  # the answer may be behind what a held-back pump left
         await self.flush_all()
         return await waiter.wait()
 

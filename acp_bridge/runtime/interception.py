@@ -81,7 +81,7 @@ class Call:
         connection = self.connection
         waiter, events = connection.router.forward(self.token, target.hop, message)
         connection.carry_out(events)
-        connection.interception_moved()
+        connection.moved()
         answer = await connection.wait_for(waiter, target)
         if isinstance(answer, AgentExited):
             return Reply.internal(str(answer), {"exitStatus": answer.status})
@@ -136,7 +136,7 @@ class Interceptions:
             log.exception("handling %s failed", frame.method)
             reply = Reply.internal(f"The bridge failed to handle {frame.method}.", str(exc))
         connection.carry_out(connection.router.answer(token, self._encode_reply(frame, reply)))
-        connection.interception_moved()
+        connection.moved()
         await connection.flush_all()
 
     @staticmethod

@@ -320,7 +320,7 @@ class Pumps:
     ) -> None:
         await link.process.wait()
         exited.set()
-        self.connection.interception_moved()  # a pump held back reads what it left
+        self.connection.moved()  # a pump held back reads what it left
         for scope in read_scope:
             # Whatever the agent wrote before exiting is already in the pipe.
             scope.deadline = trio.current_time() + AGENT_EXIT_DRAIN
