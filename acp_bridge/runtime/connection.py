@@ -245,11 +245,14 @@ class Connection:
             await self._moved.wait()
 
     async def wait_for(self, waiter_id: int | None, link: AgentConnection) -> Frame | AgentExited:
-        """The answer the router will hand to ``waiter_id`` (None: ``link`` is gone)."""
+        """The answer the router will hand to ``waiter_id`` (None: ``link`` is gone).
+
+        What waits in :meth:`until` looks again first: the request may be an interception
+        just forwarded, and its answer may be behind what a held-back pump left."""
+        self.moved()
         if waiter_id is None:
             return AgentExited(link.exit_status)
         waiter = self._waiters[waiter_id] = Waiter()
-        self.moved()  # the answer may be behind what a held-back pump left
         await self.flush_all()
         return await waiter.wait()
 

@@ -81,7 +81,6 @@ class Call:
         connection = self.connection
         waiter, events = connection.router.forward(self.token, target.hop, message)
         connection.carry_out(events)
-        connection.moved()
         answer = await connection.wait_for(waiter, target)
         if isinstance(answer, AgentExited):
             return Reply.internal(str(answer), {"exitStatus": answer.status})
