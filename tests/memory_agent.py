@@ -280,17 +280,17 @@ class MemoryAgent(InMemoryProcess):
         if self.commands_after_new:
             # As claude-agent-acp does: the session's commands right after its answer.
             commands = {"sessionUpdate": "available_commands_update", "availableCommands": []}
-            await self.send(
-                {"jsonrpc": "2.0", "method": "session/update",
-                 "params": {"sessionId": session_id, "update": commands}}
-            )  # fmt: skip
+            await self._update(session_id, commands)
         pad = "x" * self.update_padding
         for number in range(self.updates_after_new):
             chunk = {"sessionUpdate": "agent_message_chunk", "n": number, "pad": pad}
-            await self.send(
-                {"jsonrpc": "2.0", "method": "session/update",
-                 "params": {"sessionId": session_id, "update": chunk}}
-            )  # fmt: skip
+            await self._update(session_id, chunk)
+
+    async def _update(self, session_id: str, update: dict[str, Any]) -> None:
+        await self.send(
+            {"jsonrpc": "2.0", "method": "session/update",
+             "params": {"sessionId": session_id, "update": update}}
+        )  # fmt: skip
 
     def exit(self, status: int) -> None:
         """End now, as a crash would: nothing more is read or answered."""
