@@ -521,6 +521,38 @@ def test_a_string_with_escapes_costs_its_length_not_that_of_the_text_after_it(
         assert handed <= 2 * len(line), (cuts[:2], handed, len(line))
 
 
+@pytest.mark.parametrize("run", [1, 2, 31, 32, 33, 64, 65, 70_001, 70_002])
+def test_a_run_of_backslashes_cut_anywhere_is_judged_as_the_parser_does(run: int) -> None:
+    """Where a piece ends inside a run of backslashes, the validator counts the run back to
+    tell whether the last one begins an escape; the counting looks at the run's last
+    characters first, then at the rest."""
+    for after in (b"x", b"n", b"u00e9", b"u00"):
+        line = b'{"jsonrpc":"2.0","method":"m","params":{"b":"%s%s"}}' % (b"\\" * run, after)
+        expected = parse_verdict(line)
+        for step in (1, 7, 997, 64 * 1024) if len(line) < 1_000 else (997, 64 * 1024):
+            assert stream_verdict(line, list(range(step, len(line), step))) == expected, (
+                run,
+                after,
+                step,
+            )
+
+
+def test_the_backslashes_before_a_place_are_counted_as_a_walk_back_counts_them() -> None:
+    def walked(text: str, pos: int, end: int) -> int:
+        start = end
+        while start > pos and text[start - 1] == "\\":
+            start -= 1
+        return end - start
+
+    rng = random.Random(5)
+    for _ in range(3_000):
+        parts = [rng.choice(["\\", "\\", "a", "u", "\\" * rng.randint(30, 70)]) for _ in range(9)]
+        text = "".join(parts)
+        end = rng.randint(0, len(text))
+        pos = rng.randint(0, end)
+        assert json_stream._backslashes_before(text, pos, end) == walked(text, pos, end)
+
+
 def test_containers_inside_one_too_long_to_scan_are_not_each_scanned_as_far(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

