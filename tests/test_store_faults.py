@@ -20,7 +20,7 @@ import trio
 from click.testing import CliRunner
 from harness import AGENT_NAME, TIMEOUT, FakeAgent, bridge_env, wire_prompt
 from memory_agent import FAKE_PYTHON
-from preloaded import bridge_client
+from preloaded import bridge_client, run_to_end
 
 from acp_bridge.commands.sessions_cli import sessions
 from acp_bridge.core.system_prompt import SystemPrompt
@@ -389,8 +389,40 @@ def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
     if path == "usual":  # a configuration file leaves initialize to the runtime
         (tmp_path / "empty.yaml").write_text("bridge: {}\n")
         config = ["--config", str(tmp_path / "empty.yaml")]
-    argv = [sys.executable, "-m", "acp_bridge", "--state", str(state), "--log-level", "debug",
+    args = ["--state", str(state), "--log-level", "debug",
             *config, "--", *FAKE_PYTHON, "-c", QUICK_AGENT]  # fmt: skip
+    if path == "usual" and kind != "read-only-mount":
+        # The runtime answers here, whatever came before ``__main__``: the bridge is forked
+        # from the server that has imported it (``preloaded``).
+        initialize = request(0, "initialize", {"protocolVersion": 1})
+        ran = run_to_end(args, stdin=initialize, env=bridge_env(tmp_path), timeout=TIMEOUT)
+        answers = [json.loads(line) for line in ran.stdout.splitlines()]
+        status, stderr = ran.returncode, ran.stderr.decode()
+    else:
+        answers, status, stderr = started_with_python(args, kind, state, tmp_path)
+    error = answers[-1]["error"]
+    assert answers[-1]["id"] == len(answers) - 1
+    assert error["code"] == -32603
+    assert str(state) in error["message"] and "session database" in error["message"]
+    if kind == "read-only-mount":
+        assert "cannot open the session database" in error["message"]
+        assert "Read-only file system" in error["message"]
+    assert error["data"] == {"database": str(state)}
+    assert status != 0
+    assert str(state) in stderr
+    # The early exchange answers when the agent is quicker than the bridge's loading.
+    assert (len(answers) == 2) == (EARLY_ANSWER in stderr)
+    if path == "usual":
+        assert len(answers) == 1
+
+
+def started_with_python(
+    args: list[str], kind: str, state: Path, tmp_path: Path
+) -> tuple[list[Any], int, str]:
+    """``python -m acp_bridge ARGS``, under a read-only mount for that kind: the answer to
+    ``initialize`` and, where it came before the database was opened, to ``session/new``;
+    then, with stdin closed, the exit status and stderr."""
+    argv = [sys.executable, "-m", "acp_bridge", *args]
     if kind == "read-only-mount":
         argv = [*READ_ONLY_MOUNT, str(state.parent), *argv]
     bridge = subprocess.Popen(
@@ -416,17 +448,4 @@ def test_an_unusable_database_at_start_is_named_to_the_client_and_on_stderr(
         if bridge.poll() is None:
             bridge.kill()
             bridge.wait()
-    error = answers[-1]["error"]
-    assert answers[-1]["id"] == len(answers) - 1
-    assert error["code"] == -32603
-    assert str(state) in error["message"] and "session database" in error["message"]
-    if kind == "read-only-mount":
-        assert "cannot open the session database" in error["message"]
-        assert "Read-only file system" in error["message"]
-    assert error["data"] == {"database": str(state)}
-    assert status != 0
-    assert str(state) in stderr
-    # The early exchange answers when the agent is quicker than the bridge's loading.
-    assert (len(answers) == 2) == (EARLY_ANSWER in stderr)
-    if path == "usual":
-        assert len(answers) == 1
+    return answers, status, stderr
