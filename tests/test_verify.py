@@ -405,3 +405,35 @@ def test_the_table_fits_100_columns_and_names_markers_by_role() -> None:
     assert status_of(limit_row) == "LIMIT"
     assert "keeps a session's first prompt from session/new" in text_of(limit_row)
     assert long_marker in limit_row
+
+
+async def test_a_verify_killed_mid_run_leaves_no_home_behind(tmp_path: Path) -> None:
+    """The home verify makes holds the agent's configuration and the marker prompts. A run
+    stopped by a signal it can handle removes it on its way out; one SIGKILLed leaves that
+    to a watchdog, as a bridge's private folders. (Its agent's stderr file is kept, as a
+    run ended by Ctrl-C keeps it: its path was printed at the start.)"""
+    started = tmp_path / "agent-started"
+    hang = f"open({str(started)!r}, 'w').close()\nimport time\ntime.sleep(600)"
+    args = ["verify", "--endpoint", "openai-chat", "--", *FAKE_PYTHON, "-c", hang]
+    with (tmp_path / "stderr").open("wb") as stderr:
+        process = await preloaded.start_bridge(args, env=private_tmp(tmp_path), stderr=stderr)
+
+    def homes() -> list[Path]:
+        return [path for path in tmp_path.glob("acp-bridge-verify-*") if path.is_dir()]
+
+    try:
+        with trio.fail_after(10):
+            while not started.exists():
+                await trio.sleep(0.02)
+        assert len(homes()) == 1
+    finally:
+        process.kill()
+        await process.wait()
+    with trio.move_on_after(NO_HOME_AFTER):
+        while homes():
+            await trio.sleep(0.05)
+    assert homes() == []
+
+
+# A killed verify's home must be gone by then (as a killed bridge's processes).
+NO_HOME_AFTER = 2.0

@@ -45,6 +45,7 @@ from acp_bridge.runtime.relay import BridgeOptions
 from acp_bridge.settings import Config, ConfigError, expand
 from acp_bridge.state.store import SessionStore
 from acp_bridge.supervision.agent_process import AgentStartError
+from acp_bridge.supervision.agent_watchdog import Watchdog
 from acp_bridge.wire.jsonrpc import JsonObject
 
 Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
@@ -190,6 +191,16 @@ CONSOLE: Final = Console()
 def progress(message: str) -> None:
     elapsed = time.monotonic() - _STARTED
     click.echo(f"verify [{elapsed:6.1f}s] {message}", file=CONSOLE.stream, err=True)
+
+
+def _make_home() -> tuple[Path, Watchdog]:
+    """The run's home (0700): the agent's configuration and the marker prompts go there. A
+    watchdog removes it should verify be killed (as it keeps a pool's private folders);
+    verify removes it itself, or keeps it, at its end."""
+    keeper = Watchdog.start()
+    home = Path(tempfile.mkdtemp(prefix="acp-bridge-verify-"))
+    keeper.own(str(home))
+    return home, keeper
 
 
 class AgentLog:
@@ -1008,7 +1019,7 @@ def command() -> click.Command:
         run without failures unless --keep-home or --verbose); its tail is shown under a
         failing row. Exit status 0 only if no row fails.
         """
-        home = Path(tempfile.mkdtemp(prefix="acp-bridge-verify-"))
+        home, keeper = _make_home()
         agent_log = AgentLog()
         try:
             plan = _make_plan(agent_cmd, home, endpoint_flavour, env_pairs, common)
@@ -1035,6 +1046,8 @@ def command() -> click.Command:
                 progress(f"kept {home}")
             else:
                 shutil.rmtree(home, ignore_errors=True)
+            keeper.disown(str(home))
+            keeper.release()
             agent_log.remove_if_empty()
         click.echo(format_table(rows))
         passed = succeeded(rows)

@@ -34,6 +34,7 @@ so none of them, and nothing one of them ends, outlives the bridge's process.
 
 The same process without a group keeps a pool's private folders (``acp_bridge.pool``):
 they are named to it as soon as they exist, before any prompt text is written to them.
+So does ``acp-bridge verify`` its home (:mod:`acp_bridge.commands.verify`).
 
 A process that starts agent after agent (a pool's connection) may start the next agent's
 watchdog ahead of it (:meth:`Watchdog.prepare`), so that its start-up, about 20 ms of CPU,
