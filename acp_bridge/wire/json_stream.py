@@ -912,7 +912,9 @@ def _opened(text: str, pos: int, end: int) -> bytes:
     (see :data:`_OPENER`), a byte each as the stack keeps them."""
     if text[end - 1] == "[" and text.count("[", pos, end) == end - pos:
         return bytes(end - pos)  # the usual run: brackets only
-    run = _STRING_TEXT.sub("", text[pos:end])
+    # The run's strings hold no quote or backslash (its pattern's), so what lies between
+    # two quotes is a string: split away, at a third of a substitution's cost.
+    run = "".join(text[pos:end].split('"')[::2])
     if "]" in run or "}" in run:  # flat items: a closer is only ever one's
         run = _FLAT_TEXT.sub("", run)
     return run.encode("utf-8", "surrogatepass").translate(_CONTAINER_OF, _BETWEEN_OPENINGS)
