@@ -71,6 +71,7 @@ def shapes(size: int) -> dict[str, bytes]:
         + b",".join([b'"one, two, three, four"'] * (size // 24))
         + b"]",
         "one long string": b'"' + b"x" * size + b'"',
+        "a string of backslashes": b'"' + b"\\" * size + b'"',
         "integers of 4,000 digits": numbers(4_000, size),
         "integers longer than json reads": numbers(5_000, size),
     }
