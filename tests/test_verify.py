@@ -285,6 +285,10 @@ async def test_verify_keeps_the_agent_stderr_in_a_file_and_stderr_short(tmp_path
     log = agent_log_path(report.stderr)
     assert log.stat().st_mode & 0o777 == 0o600
     assert log.read_text().count("fake-model-agent DEBUG") >= 30 * 20
+    # The home is kept too, and stays once verify and its watchdogs have ended.
+    kept = re.search(r"\] kept (\S+)", report.stderr)
+    assert kept is not None, report.stderr
+    assert Path(kept[1]).is_dir() and Path(kept[1]).stat().st_mode & 0o777 == 0o700
 
 
 async def test_a_passing_verify_leaves_no_stderr_file_behind(tmp_path: Path) -> None:

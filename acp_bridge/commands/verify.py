@@ -19,7 +19,6 @@ import dataclasses
 import itertools
 import os
 import re
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -46,6 +45,7 @@ from acp_bridge.settings import Config, ConfigError, expand
 from acp_bridge.state.store import SessionStore
 from acp_bridge.supervision.agent_process import AgentStartError
 from acp_bridge.supervision.agent_watchdog import Watchdog
+from acp_bridge.supervision.private_dirs import PrivateDir
 from acp_bridge.wire.jsonrpc import JsonObject
 
 Flavour = Literal["anthropic", "openai-chat", "openai-responses", "gemini"]
@@ -191,16 +191,6 @@ CONSOLE: Final = Console()
 def progress(message: str) -> None:
     elapsed = time.monotonic() - _STARTED
     click.echo(f"verify [{elapsed:6.1f}s] {message}", file=CONSOLE.stream, err=True)
-
-
-def _make_home() -> tuple[Path, Watchdog]:
-    """The run's home (0700): the agent's configuration and the marker prompts go there. A
-    watchdog removes it should verify be killed (as it keeps a pool's private folders);
-    verify removes it itself, or keeps it, at its end."""
-    keeper = Watchdog.start()
-    home = Path(tempfile.mkdtemp(prefix="acp-bridge-verify-"))
-    keeper.own(str(home))
-    return home, keeper
 
 
 class AgentLog:
@@ -1019,10 +1009,13 @@ def command() -> click.Command:
         run without failures unless --keep-home or --verbose); its tail is shown under a
         failing row. Exit status 0 only if no row fails.
         """
-        home, keeper = _make_home()
+        # The agent's configuration and the marker prompts go here; a watchdog removes it
+        # should verify be killed, as it does a pool's private folders.
+        keeper = Watchdog.start()
+        home = PrivateDir.create("acp-bridge-verify-", keeper=keeper)
         agent_log = AgentLog()
         try:
-            plan = _make_plan(agent_cmd, home, endpoint_flavour, env_pairs, common)
+            plan = _make_plan(agent_cmd, home.path, endpoint_flavour, env_pairs, common)
             progress(
                 f"the agent's stderr goes to {agent_log.path} "
                 "(kept if a row fails, or with --keep-home or --verbose)"
@@ -1043,10 +1036,10 @@ def command() -> click.Command:
                     CONSOLE.stream = None
         finally:
             if keep_home:
-                progress(f"kept {home}")
+                home.keep()
+                progress(f"kept {home.path}")
             else:
-                shutil.rmtree(home, ignore_errors=True)
-            keeper.disown(str(home))
+                home.remove()
             keeper.release()
             agent_log.remove_if_empty()
         click.echo(format_table(rows))

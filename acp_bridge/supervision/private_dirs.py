@@ -35,7 +35,8 @@ CREATE_ATTEMPTS: Final = 8
 
 
 class PrivateDir:
-    """A directory only the user can enter (0700), made for one pooled process.
+    """A directory only the user can enter (0700), made for one pooled process (or for one
+    ``acp-bridge verify`` run: its home).
 
     Files written here are 0600. The pool removes the whole directory when the process
     stops, is reaped or the bridge shuts down; ``keeper``, the watchdog it was named to,
@@ -106,6 +107,11 @@ class PrivateDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        self.keep()
+
+    def keep(self) -> None:
+        """Leave the folder where it is, for the user: no watchdog removes it any more, and
+        nothing holds it (``acp-bridge verify --keep-home``)."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.disown(str(self.path))
